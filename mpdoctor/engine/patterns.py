@@ -1,0 +1,162 @@
+"""What a rule pattern cannot match without, and whether it can hang.
+
+The literal prefilter is only sound if every pattern names a literal it cannot match
+without. Rather than trusting rule authors to declare one, the loader derives it from
+the compiled pattern: a set of literals such that every possible match contains at
+least one of them. Patterns for which no such set exists (or whose literals are too
+short to be selective) are rejected, as are nested unbounded quantifiers, which are
+how a regular expression takes exponential time.
+"""
+
+from __future__ import annotations
+
+import re
+
+try:  # Python 3.11+
+    import re._parser as sre_parse  # type: ignore[import-not-found]
+    from re._constants import (  # type: ignore[import-not-found]
+        ASSERT,
+        ASSERT_NOT,
+        AT,
+        BRANCH,
+        IN,
+        LITERAL,
+        MAX_REPEAT,
+        MAXREPEAT,
+        MIN_REPEAT,
+        SUBPATTERN,
+    )
+except ImportError:  # Python 3.10
+    import sre_parse  # type: ignore[no-redef]
+    from sre_constants import (  # type: ignore[no-redef]
+        ASSERT,
+        ASSERT_NOT,
+        AT,
+        BRANCH,
+        IN,
+        LITERAL,
+        MAX_REPEAT,
+        MAXREPEAT,
+        MIN_REPEAT,
+        SUBPATTERN,
+    )
+
+POSSESSIVE_REPEAT = getattr(sre_parse, "POSSESSIVE_REPEAT", None)
+ATOMIC_GROUP = getattr(sre_parse, "ATOMIC_GROUP", None)
+
+MIN_LITERAL = 3
+
+
+class PatternError(ValueError):
+    pass
+
+
+def required_literals(pattern: str) -> list[str]:
+    """Literals (lower-cased) at least one of which is in every match of `pattern`."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as exc:
+        raise PatternError(f"not a valid regular expression: {exc}") from None
+    lits = _seq_required(list(parsed))
+    if not lits:
+        raise PatternError(
+            "has no literal text of at least 3 characters that every match must contain "
+            "(the prefilter needs one: anchor the pattern on the message's fixed words)"
+        )
+    return sorted({lit.lower() for lit in lits})
+
+
+def _runs(seq: list) -> list[str]:
+    """The literal runs of consecutive LITERAL items in one sequence."""
+    runs: list[str] = []
+    cur: list[str] = []
+    for op, av in seq:
+        if op is LITERAL:
+            cur.append(chr(av))
+            continue
+        if op is SUBPATTERN and _is_plain_literal_seq(av[-1]):
+            cur.extend(chr(a) for _, a in av[-1])
+            continue
+        if cur:
+            runs.append("".join(cur))
+        cur = []
+    if cur:
+        runs.append("".join(cur))
+    return runs
+
+
+def _is_plain_literal_seq(sub) -> bool:
+    return all(op is LITERAL for op, _ in sub)
+
+
+def _seq_required(seq: list) -> list[str] | None:
+    """Best (longest-shortest) required literal set of a sequence, or None."""
+    candidates: list[list[str]] = []
+    best_run = max(_runs(seq), key=len, default="")
+    if len(best_run) >= MIN_LITERAL:
+        candidates.append([best_run])
+    for op, av in seq:
+        sub: list[str] | None = None
+        if op is SUBPATTERN:
+            sub = _seq_required(list(av[-1]))
+        elif op is BRANCH:
+            branch_sets = [_seq_required(list(b)) for b in av[1]]
+            if all(branch_sets):
+                sub = [lit for s in branch_sets for lit in s]  # type: ignore[union-attr]
+        elif op in (MAX_REPEAT, MIN_REPEAT) or (POSSESSIVE_REPEAT is not None and op is POSSESSIVE_REPEAT):
+            lo, _hi, body = av
+            if lo >= 1:
+                sub = _seq_required(list(body))
+        elif ATOMIC_GROUP is not None and op is ATOMIC_GROUP:
+            sub = _seq_required(list(av))
+        if sub:
+            candidates.append(sub)
+    if not candidates:
+        return None
+    # Prefer the set whose shortest literal is longest (most selective), then fewest.
+    return max(candidates, key=lambda s: (min(len(x) for x in s), -len(s)))
+
+
+def check_bounded(pattern: str) -> None:
+    """Reject nested unbounded quantifiers such as (a+)+ or (\\s*x*)*."""
+    parsed = sre_parse.parse(pattern)
+    _walk(list(parsed), inside_unbounded=False)
+
+
+def _walk(seq: list, inside_unbounded: bool) -> None:
+    for op, av in seq:
+        if op in (MAX_REPEAT, MIN_REPEAT) or (POSSESSIVE_REPEAT is not None and op is POSSESSIVE_REPEAT):
+            lo, hi, body = av
+            unbounded = hi is MAXREPEAT or hi > 100
+            if unbounded and inside_unbounded and _can_repeat(list(body)):
+                raise PatternError(
+                    "nests an unbounded repetition inside another one, which can take "
+                    "exponential time; make the inner part bounded, e.g. {0,80}"
+                )
+            _walk(list(body), inside_unbounded or unbounded)
+        elif op is SUBPATTERN:
+            _walk(list(av[-1]), inside_unbounded)
+        elif op is BRANCH:
+            for b in av[1]:
+                _walk(list(b), inside_unbounded)
+        elif op in (ASSERT, ASSERT_NOT):
+            _walk(list(av[1]), inside_unbounded)
+        elif ATOMIC_GROUP is not None and op is ATOMIC_GROUP:
+            _walk(list(av), inside_unbounded)
+
+
+def _can_repeat(body: list) -> bool:
+    """True when the body itself contains a repetition (what makes nesting dangerous)."""
+    for op, av in body:
+        if op in (MAX_REPEAT, MIN_REPEAT) or (POSSESSIVE_REPEAT is not None and op is POSSESSIVE_REPEAT):
+            _lo, hi, _ = av
+            if hi is MAXREPEAT or hi > 1:
+                return True
+        elif op is SUBPATTERN and _can_repeat(list(av[-1])):
+            return True
+        elif op is BRANCH and any(_can_repeat(list(b)) for b in av[1]):
+            return True
+    return False
+
+
+__all__ = ["PatternError", "required_literals", "check_bounded", "MIN_LITERAL", "AT", "IN"]

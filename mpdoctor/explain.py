@@ -1,0 +1,52 @@
+"""`mpdoctor explain`: log text in, ranked findings out.
+
+Pure Python over text: this module (and everything it imports) never imports torch,
+accelerate, numpy or pynvml, which is what keeps `explain` fast and usable on a
+machine where those are broken.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .engine.match import LogMatcher
+from .engine.rules import Rule, load_rules
+from .findings import Report
+from .logtext import LogLine, normalise, segment
+from .scan import read_log
+
+_MATCHERS: dict[int, LogMatcher] = {}
+
+
+def matcher_for(rules: list[Rule]) -> LogMatcher:
+    key = id(rules)
+    if key not in _MATCHERS:
+        _MATCHERS[key] = LogMatcher(rules)
+    return _MATCHERS[key]
+
+
+def explain_lines(lines: list[LogLine], rules: list[Rule]) -> Report:
+    tracebacks = segment(lines)
+    findings, unrecognised = matcher_for(rules).findings(lines, tracebacks)
+    return Report(findings=findings, unrecognised=unrecognised)
+
+
+def explain_text(text: str, rules: list[Rule] | None = None) -> Report:
+    """Explain a log held in memory (the run wrapper's tail, a rule's example)."""
+    rules = load_rules() if rules is None else rules
+    report = explain_lines(normalise(text), rules)
+    report.input = {"bytes": len(text.encode("utf-8", "replace")), "lines": text.count("\n") + 1}
+    return report
+
+
+def explain_path(path: str | Path, rules: list[Rule] | None = None) -> Report:
+    """Explain a file (or '-' for stdin) of any size. Raises scan.InputError."""
+    rules = load_rules() if rules is None else rules
+    matcher = matcher_for(rules)
+    log = read_log(str(path), matcher.index.owners.keys())
+    lines: list[LogLine] = []
+    for first_no, text in log.regions:
+        lines.extend(normalise(text, first_no))
+    report = explain_lines(lines, rules)
+    report.input = log.info
+    return report

@@ -1,0 +1,286 @@
+"""Reading a log of any size: small ones whole, big ones as candidate regions.
+
+A log under `WHOLE_LIMIT` is decoded and handed on whole. A bigger one is streamed in
+chunks and only the regions around a rule literal (plus the traceback headers) are
+kept, so memory stays bounded whatever the log's size. The literal scan uses
+Hyperscan when it is installed (it scans at memory speed) and Python's `re` over
+bytes when it is not; both find the same literals, so the result is the same.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterable
+
+WHOLE_LIMIT = 16 * 1024 * 1024
+CHUNK = 64 * 1024 * 1024
+LINES_BEFORE = 80  # the traceback above an error line
+LINES_AFTER = 40  # the message below a header or an error line
+HEAD_BUDGET = 16 * 1024 * 1024  # region bytes kept from the start of the log
+TAIL_BUDGET = 48 * 1024 * 1024  # ... and from its end
+MAX_HITS_PER_CHUNK = 200_000
+
+# Always worth a look, whatever the rules say: where tracebacks start.
+TRIGGERS = ("Traceback (most recent call last)", "Error: ", "Exception: ")
+
+
+class InputError(Exception):
+    """The input cannot be read as a log. The CLI prints it and exits 2."""
+
+
+@dataclass
+class LogInput:
+    regions: list[tuple[int, str]]  # (first line number, text)
+    info: dict = field(default_factory=dict)
+
+
+def looks_binary(sample: bytes) -> bool:
+    if not sample:
+        return False
+    if sample.count(b"\x00") > len(sample) // 100:
+        return True
+    text = sample.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") + sum(1 for ch in text if ch < " " and ch not in "\t\n\r\x1b\x0c\x0b")
+    return bad > len(text) * 0.15
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def open_input(path: str) -> tuple[BinaryIO, str, int | None]:
+    """(stream, display name, size or None)."""
+    if path == "-":
+        return sys.stdin.buffer, "<stdin>", None
+    if os.path.isdir(path):
+        raise InputError(f"{path} is a folder, not a log file")
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        size = os.fstat(fh.fileno()).st_size
+    except OSError:
+        size = None
+    return fh, path, size
+
+
+def read_log(path: str, literals: Iterable[str]) -> LogInput:
+    fh, name, size = open_input(path)
+    try:
+        head = fh.read(WHOLE_LIMIT + 1)
+    except OSError as exc:
+        raise InputError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+    if not head:
+        raise InputError(f"{name} is empty: there is nothing to explain")
+    if looks_binary(head[:65536]):
+        raise InputError(f"{name} looks like a binary file, not a text log")
+    info = {"path": name, "bytes": size if size is not None else len(head)}
+    if len(head) <= WHOLE_LIMIT:
+        text = decode(head)
+        info.update(lines=text.count("\n") + (0 if text.endswith("\n") else 1), scanned="whole")
+        return LogInput([(1, text)], info)
+    scanner = RegionScanner(list(literals) + list(TRIGGERS))
+    try:
+        scanner.feed(head)
+        while True:
+            chunk = fh.read(CHUNK)
+            if not chunk:
+                break
+            scanner.feed(chunk)
+    except OSError as exc:
+        raise InputError(f"{name}: read failed ({exc.strerror or exc})") from None
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+    regions = scanner.finish()
+    info.update(bytes=scanner.total_bytes, lines=scanner.line_count, scanned="regions",
+                regions=len(regions), matcher=scanner.engine,
+                dropped_bytes=scanner.dropped_bytes)
+    return LogInput([(no, decode(b)) for no, b in regions], info)
+
+
+class _PyLiteralFinder:
+    engine = "re"
+
+    def __init__(self, literals: list[str]):
+        alts = sorted({lit.lower() for lit in literals}, key=len, reverse=True)
+        self.rx = re.compile(b"|".join(re.escape(a.encode()) for a in alts), re.IGNORECASE)
+
+    def positions(self, buf: bytes) -> list[int]:
+        out = []
+        for m in self.rx.finditer(buf):
+            out.append(m.start())
+            if len(out) >= MAX_HITS_PER_CHUNK:
+                break
+        return out
+
+
+class _HyperscanFinder:
+    engine = "hyperscan"
+
+    def __init__(self, literals: list[str]):
+        import hyperscan  # optional, fast
+
+        lits = sorted({lit.lower() for lit in literals})
+        self.hs = hyperscan
+        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self.db.compile(
+            expressions=[re.escape(lit).encode() for lit in lits],
+            ids=list(range(len(lits))),
+            elements=len(lits),
+            flags=[hyperscan.HS_FLAG_CASELESS] * len(lits),
+        )
+
+    def positions(self, buf: bytes) -> list[int]:
+        out: list[int] = []
+
+        def on_match(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> bool:
+            out.append(to)
+            return len(out) >= MAX_HITS_PER_CHUNK  # True stops the scan
+
+        try:
+            self.db.scan(buf, match_event_handler=on_match)
+        except self.hs.ScanTerminated:  # type: ignore[attr-defined]
+            pass
+        except Exception:
+            if not out:
+                raise
+        return out
+
+
+def literal_finder(literals: list[str]):
+    if os.environ.get("MPDOCTOR_NO_HYPERSCAN") != "1":
+        try:
+            return _HyperscanFinder(literals)
+        except Exception:  # not installed, or no wheel for this platform
+            pass
+    return _PyLiteralFinder(literals)
+
+
+class RegionScanner:
+    """Streams bytes, keeps line-aligned windows around literal hits."""
+
+    def __init__(self, literals: list[str]):
+        self.finder = literal_finder(literals)
+        self.engine = self.finder.engine
+        self.carry = b""
+        self.line_base = 0  # newlines before the current buffer
+        self.total_bytes = 0
+        self.head: list[list] = []  # [first_line_no, last_line_no, bytes]
+        self.head_bytes = 0
+        self.tail: deque[list] = deque()
+        self.tail_bytes = 0
+        self.dropped_bytes = 0
+        self.pending_after = 0  # lines still wanted after the previous buffer
+        self.line_count = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total_bytes += len(data)
+        buf = self.carry + data
+        cut = buf.rfind(b"\n") + 1
+        if cut == 0:
+            if len(buf) < CHUNK:  # a very long line: wait for its end
+                self.carry = buf
+                return
+            cut = len(buf)
+        self._scan(buf[:cut])
+        self.carry = buf[cut:]
+
+    def finish(self) -> list[tuple[int, bytes]]:
+        if self.carry:
+            self._scan(self.carry)
+            self.carry = b""
+        regions = [(r[0], r[2]) for r in self.head] + [(r[0], r[2]) for r in self.tail]
+        return regions
+
+    def _scan(self, buf: bytes) -> None:
+        base = self.line_base
+        spans: list[tuple[int, int]] = []
+        if self.pending_after:
+            spans.append((0, _nth_newline_after(buf, 0, self.pending_after)))
+        end_wanted = 0
+        for pos in self.finder.positions(buf):
+            if pos < end_wanted:
+                continue
+            start = _back_lines(buf, pos, LINES_BEFORE)
+            end = _nth_newline_after(buf, pos, LINES_AFTER)
+            spans.append((start, end))
+            end_wanted = end
+        # Lines still wanted after the buffer's end belong to the next one.
+        self.pending_after = LINES_AFTER if spans and spans[-1][1] >= len(buf) else 0
+        merged: list[list[int]] = []
+        for s, e in sorted(spans):
+            if merged and s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        for s, e in merged:
+            first_no = base + buf.count(b"\n", 0, s) + 1
+            chunk = buf[s:e]
+            self._keep(first_no, chunk)
+        newlines = buf.count(b"\n")
+        self.line_base = base + newlines
+        self.line_count = self.line_base + (0 if buf.endswith(b"\n") else 1)
+
+    def _keep(self, first_no: int, data: bytes) -> None:
+        last_no = first_no + data.count(b"\n")
+        # Adjacent to the last kept region: extend it.
+        target = self.tail[-1] if self.tail else (self.head[-1] if self.head else None)
+        if target is not None and first_no <= target[1] + 1:
+            overlap = target[1] - first_no + 1
+            if overlap > 0:
+                data = data.split(b"\n", overlap)[-1] if data.count(b"\n") >= overlap else b""
+            if data:
+                if not target[2].endswith(b"\n"):
+                    target[2] += b"\n"
+                target[2] += data
+                target[1] = max(target[1], last_no)
+                if self.tail:
+                    self.tail_bytes += len(data)
+                else:
+                    self.head_bytes += len(data)
+            self._trim()
+            return
+        region = [first_no, last_no, data]
+        if self.head_bytes + len(data) <= HEAD_BUDGET and not self.tail:
+            self.head.append(region)
+            self.head_bytes += len(data)
+        else:
+            self.tail.append(region)
+            self.tail_bytes += len(data)
+        self._trim()
+
+    def _trim(self) -> None:
+        while self.tail_bytes > TAIL_BUDGET and len(self.tail) > 1:
+            old = self.tail.popleft()
+            self.tail_bytes -= len(old[2])
+            self.dropped_bytes += len(old[2])
+
+
+def _back_lines(buf: bytes, pos: int, n: int) -> int:
+    start = pos
+    for _ in range(n + 1):
+        i = buf.rfind(b"\n", 0, start)
+        if i < 0:
+            return 0
+        start = i
+    return start + 1
+
+
+def _nth_newline_after(buf: bytes, pos: int, n: int) -> int:
+    end = pos
+    for _ in range(n):
+        i = buf.find(b"\n", end)
+        if i < 0:
+            return len(buf)
+        end = i + 1
+    return end

@@ -1,0 +1,64 @@
+"""The environment: collected as a snapshot, judged by environment rules.
+
+Public API (what `check`, `collect`, `probe` and `explain --here` use):
+
+    from mpdoctor.env import collect, load_snapshot, judge_snapshot
+
+    snap = collect()                       # this machine, as a plain dict (schema 1)
+    snap = collect(config_file="acc.yaml", # read this accelerate config instead of the default
+                   anonymize=True,         # also hide the user name / home in paths
+                   torch_timeout=60.0)     # seconds the torch child may take
+    snap = load_snapshot("env.json")       # a recorded snapshot (raises SnapshotError)
+
+`collect()` never raises for a broken environment: torch is examined in a child
+process with a timeout, every collector is isolated, and a collector that fails leaves
+`{"error": {"type": ..., "message": ...}}` in its section. Secrets are redacted before
+the dict is returned. The dict is JSON-serialisable and documented in
+docs/snapshot-schema.md; a live collection and a recorded file both pass through
+`load_snapshot_data`, so they look the same to every rule.
+
+Only the modules of this package that collect (torch_child, nvml) touch torch or
+pynvml, and only lazily: importing `mpdoctor.env` imports neither.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+__all__ = ["SCHEMA_VERSION", "SnapshotError", "collect", "load_snapshot", "load_snapshot_data", "judge_snapshot"]
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be used (unreadable, not JSON, wrong schema)."""
+
+
+def collect(*, config_file: str | None = None, anonymize: bool = False,
+            torch_timeout: float | None = None) -> dict[str, Any]:
+    """This machine's environment as a snapshot dict (schema 1), secrets redacted."""
+    from .collect import collect_snapshot
+
+    return load_snapshot_data(collect_snapshot(config_file=config_file, anonymize=anonymize,
+                                               torch_timeout=torch_timeout))
+
+
+def load_snapshot(path: str) -> dict[str, Any]:
+    """Read a recorded snapshot (JSON file, or '-' for stdin). Raises SnapshotError."""
+    from .snapshot import read_snapshot_file
+
+    return read_snapshot_file(path)
+
+
+def load_snapshot_data(data: Any) -> dict[str, Any]:
+    """Validate and normalise a snapshot dict: the one loader for files and live data."""
+    from .snapshot import normalise_snapshot
+
+    return normalise_snapshot(data)
+
+
+def judge_snapshot(snapshot: dict[str, Any], **kwargs: Any) -> Any:
+    """Apply the environment rules; returns a findings Report (see mpdoctor.env.judge)."""
+    from .judge import judge
+
+    return judge(snapshot, **kwargs)

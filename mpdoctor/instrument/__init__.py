@@ -1,0 +1,57 @@
+"""Instrumentation that runs inside a training process (the only part of mpdoctor,
+with env/ collectors, that touches torch).
+
+Two ways in, one implementation (`watcher.Watcher`):
+
+* ``mpdoctor run -- CMD`` puts ``instrument/boot/`` on ``PYTHONPATH``; its
+  ``sitecustomize`` waits for ``import torch`` to complete (an import hook: it never
+  imports torch itself) and then starts a process-wide watcher (``auto.start``) that
+  writes its events, per rank, to the JSONL files the wrapper reads.
+* ``mpdoctor.watch(model_or_accelerator)`` in your own code, or in the probe's child.
+
+The handle ``watch()`` returns (a ``Watcher``)::
+
+    h = mpdoctor.watch(model)            # or an accelerate Accelerator (before or after prepare)
+    ... train ...
+    h.autocast_dtype    # "bfloat16" / "float16" / "float32": output dtype of the first
+                        # nn.Linear / conv seen (what autocast really ran); None before any
+    h.plan              # PrecisionPlan: requested mixed_precision, autocast_dtype, param
+                        # dtypes (trainable/frozen, element counts), grad_scaler, fp32 master
+                        # weights, distributed type, num_processes, prepared; .to_dict()
+    h.scaler            # ScalerTimeline: .scales [(step, scale)], .skipped_steps [step, ...],
+                        # .final_scale (float | None), .to_dict()
+    h.skipped_steps     # shortcut: h.scaler.skipped_steps
+    h.final_scale       # shortcut: h.scaler.final_scale
+    h.nonfinite         # [NonFinite]: first non-finite value per phase, each with .module
+                        # (qualified name as in named_modules()), .phase ("forward" |
+                        # "backward"), .step (0-based root forward count), .dtype, .kind
+                        # ("nan" | "inf"), .input_min / .input_max; .to_dict()
+    h.first_nonfinite   # the first of them, or None
+    h.step              # the current 0-based step (-1 before the first forward)
+    h.flush()           # read the on-device statistics now (one host sync); done for you at
+                        # each step boundary, at findings() and at exit
+    h.findings()        # [mpdoctor.findings.Finding], root cause first
+    h.report()          # mpdoctor.findings.Report(findings=..., extra={"precision_plan": ...})
+    h.close()           # remove every hook; also `with mpdoctor.watch(m) as h: ...`
+
+Detection costs no host synchronisation per module: each module's output (and each
+gradient, through tensor hooks) is reduced on its device to a (min, max) pair that is
+read once per step; details (names, input ranges, memory) are gathered only when
+something is found. Everything fails open: an error inside the instrumentation is kept
+as an ``info`` finding and never reaches the training (``MPDOCTOR_INSTRUMENT_FAIL=1``
+forces such an error, for the tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["watch"]
+
+
+def watch(obj: Any = None, **kwargs: Any) -> Any:
+    """Watch a torch.nn.Module or an accelerate Accelerator; returns a Watcher handle
+    (see the module docstring). With no argument, watches every module in the process."""
+    from .watcher import watch as _watch
+
+    return _watch(obj, **kwargs)

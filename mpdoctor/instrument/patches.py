@@ -1,0 +1,189 @@
+"""Process-wide taps that module hooks cannot see: the loss scaler, backward(), the
+optimizer step, gradient clipping, collectives and accelerate's Accelerator.
+
+Installed once per process, they dispatch to every active watcher. Each wrapper calls
+the original exactly as it was called and returns its result untouched; our part runs in
+a try block whose errors go to the watcher (fail-open), never to the caller.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+_WATCHERS: list[Any] = []
+_AUTO: list[Any] = []
+_INSTALLED: set[str] = set()
+
+
+def register(watcher: Any, auto: bool = False) -> None:
+    if watcher not in _WATCHERS:
+        _WATCHERS.append(watcher)
+    if auto:
+        _AUTO.append(watcher)
+    install_torch()
+    if "accelerate" in sys.modules:
+        install_accelerate()
+
+
+def unregister(watcher: Any) -> None:
+    if watcher in _WATCHERS:
+        _WATCHERS.remove(watcher)
+    if watcher in _AUTO:
+        _AUTO.remove(watcher)
+
+
+def auto_watcher() -> Any:
+    return _AUTO[0] if _AUTO else None
+
+
+def _dispatch(method: str, *args: Any) -> None:
+    for w in _WATCHERS:
+        if w.disabled:
+            continue
+        try:
+            getattr(w, method)(*args)
+        except Exception as exc:
+            w._fail(exc)
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    original = getattr(owner, name)
+    if getattr(original, "__mpdoctor_wrapped__", False):
+        return
+    wrapped = functools.wraps(original)(make(original))
+    wrapped.__mpdoctor_wrapped__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, wrapped)
+
+
+def install_torch() -> None:
+    if "torch" in _INSTALLED:
+        return
+    _INSTALLED.add("torch")
+    import torch
+    import torch.nn.utils.clip_grad as clip_grad
+    from torch.amp import grad_scaler
+    from torch.optim import optimizer as optim_mod
+
+    def scaler_init(orig: Callable) -> Callable:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig(self, *args, **kwargs)
+            _dispatch("on_scaler_created", self)
+        return __init__
+
+    def scaler_update(orig: Callable) -> Callable:
+        def update(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before = None
+            if _WATCHERS and getattr(self, "_enabled", False) and getattr(self, "_scale", None) is not None:
+                try:
+                    before = self._scale.detach().clone()
+                except Exception:
+                    before = None
+            result = orig(self, *args, **kwargs)
+            if before is not None:
+                try:
+                    after = self._scale.detach().clone()
+                except Exception:
+                    return result
+                _dispatch("on_scale", self, before, after)
+            return result
+        return update
+
+    _wrap(grad_scaler.GradScaler, "__init__", scaler_init)
+    _wrap(grad_scaler.GradScaler, "update", scaler_update)
+
+    def backward(orig: Callable) -> Callable:
+        def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _WATCHERS:
+                _dispatch("on_backward", self)
+            return orig(self, *args, **kwargs)
+        return backward
+
+    _wrap(torch.Tensor, "backward", backward)
+
+    def clip(orig: Callable) -> Callable:
+        def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            if _WATCHERS:
+                _dispatch("on_grad_norm", result)
+            return result
+        return clip_grad_norm_
+
+    _wrap(clip_grad, "clip_grad_norm_", clip)
+    torch.nn.utils.clip_grad_norm_ = clip_grad.clip_grad_norm_
+
+    optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: _dispatch("on_optimizer_pre", opt))
+    optim_mod.register_optimizer_step_post_hook(lambda opt, args, kwargs: _dispatch("on_optimizer_post", opt))
+
+
+def install_accelerate() -> None:
+    """Called when `accelerate` has been imported (or at registration if it already is)."""
+    if "accelerate" in _INSTALLED:
+        return
+    _INSTALLED.add("accelerate")
+    try:
+        from accelerate import accelerator as acc_mod
+    except Exception:
+        return
+    cls = acc_mod.Accelerator
+
+    def init(orig: Callable) -> Callable:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig(self, *args, **kwargs)
+            _dispatch("on_accelerator", self)
+        return __init__
+
+    def prepare(orig: Callable) -> Callable:
+        def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = orig(self, *args, **kwargs)
+            objs = result if isinstance(result, tuple) else (result,)
+            _dispatch("on_prepare", self, objs)
+            return result
+        return prepare
+
+    _wrap(cls, "__init__", init)
+    _wrap(cls, "prepare", prepare)
+
+
+_COLLECTIVES = ("all_reduce", "barrier", "broadcast", "all_gather", "all_gather_object", "gather",
+                "gather_object", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                "broadcast_object_list", "scatter", "all_to_all_single", "monitored_barrier")
+
+
+def install_collectives(progress: Callable[[str], None]) -> None:
+    """Mark, in the rank's progress file, when it enters and leaves a collective: a rank
+    killed while waiting for a dead peer is then seen waiting."""
+    if "collectives" in _INSTALLED:
+        return
+    _INSTALLED.add("collectives")
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in _COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "__mpdoctor_wrapped__", False):
+            continue
+
+        def make(orig: Callable, name: str = name) -> Callable:
+            def collective(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    progress(f"in {name}")
+                except Exception:
+                    pass
+                result = orig(*args, **kwargs)
+                try:
+                    progress(f"after {name}")
+                except Exception:
+                    pass
+                return result
+            return collective
+
+        wrapped = functools.wraps(original)(make(original))
+        wrapped.__mpdoctor_wrapped__ = True  # type: ignore[attr-defined]
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)

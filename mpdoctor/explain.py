@@ -15,14 +15,18 @@ from .findings import Report
 from .logtext import LogLine, normalise, segment
 from .scan import read_log
 
-_MATCHERS: dict[int, LogMatcher] = {}
+# The matcher of the last few rule lists (the list is kept, so its id stays its own).
+_MATCHERS: dict[int, tuple[list[Rule], LogMatcher]] = {}
 
 
 def matcher_for(rules: list[Rule]) -> LogMatcher:
-    key = id(rules)
-    if key not in _MATCHERS:
-        _MATCHERS[key] = LogMatcher(rules)
-    return _MATCHERS[key]
+    entry = _MATCHERS.get(id(rules))
+    if entry is None or entry[0] is not rules:
+        if len(_MATCHERS) > 32:
+            _MATCHERS.clear()
+        entry = (rules, LogMatcher(rules))
+        _MATCHERS[id(rules)] = entry
+    return entry[1]
 
 
 def explain_lines(lines: list[LogLine], rules: list[Rule]) -> Report:

@@ -130,6 +130,7 @@ class Unrecognised:
     line: int
     user_frame: str | None = None
     count: int = 1
+    ranks: list[int] = field(default_factory=list)  # the ranks it was seen on
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,10 +3,14 @@
 Everything that reads a log (explain, run's captured tail, the rule self-tests) goes
 through `normalise()` and `segment()`. Pasted logs are damaged in many ways (see
 ../shared/reference/log-forms.md): ANSI colours, `\\r` progress bars, CRLF, rank and
-timestamp prefixes, rich boxes, Jupyter frames, full-width punctuation. This module
-turns them into clean logical lines that keep their original line numbers, so that
-rules can be written against the library's own message and evidence still points at
-the line the user pasted.
+timestamp prefixes, rich boxes that wrap long lines, Jupyter frames, tracebacks glued
+onto progress bars, flattened onto one line or escaped inside a JSON string, full-width
+punctuation. This module turns them into clean logical lines that keep their original
+line numbers, so that rules can be written against the library's own message and
+evidence still points at the line the user pasted.
+
+Every regular expression here is applied to a bounded slice of a line (or is linear),
+so a 20 MB line costs time proportional to its length, never more.
 """
 
 from __future__ import annotations
@@ -15,61 +19,107 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
+# The longest text a rule pattern ever sees at once (keeps matching bounded).
+MAX_MATCH_CHARS = 8192
+# Structure (prefixes, boxes, frames, exception lines) is read from this many
+# characters of a line; the rest of a very long line is kept but not parsed.
+_HEAD = 4096
+
 # --- line cleaning -------------------------------------------------------------------
 
 _ANSI = re.compile(
-    r"\x1b\[[0-9;:?<>=!]*[ -/]*[@-~]"  # CSI (colours, cursor moves)
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks)
+    r"(?:\x1b|\^\[)\[[0-9;:?<>=!]{0,64}[ -/]{0,8}[@-~]"  # CSI (colours, cursor moves); ^[ = cat -v
+    r"|\x1b\][^\x07\x1b]{0,2048}(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks)
     r"|\x1b[@-Z\\-_]"  # two-byte escapes
-    r"|\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=\S|$)"  # ESC lost in a copy-paste: "[0;31m"
+    r"|\[(?:[0-9]{1,3};){0,6}[0-9]{1,3}m"  # ESC lost in a copy-paste: "[0;31m", "[38;5;241m"
 )
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
+# Full-width and CJK punctuation from localised terminals and machine-translated pages.
+# NFKC maps most full-width forms to ASCII but glues them to the next word
+# ("RuntimeError：CUDA" -> "RuntimeError:CUDA"); these keep the space that the English
+# message has, so that rules see the library's own wording.
+_WIDE_PUNCT = re.compile(r"\s*([（【「『])|([：；，。、！？）】」』])[ \t\u3000]*")
+_WIDE_MAP = {
+    "：": ": ", "；": "; ", "，": ", ", "。": ". ", "、": ", ", "！": "! ", "？": "? ",
+    "（": " (", "）": ") ", "【": " [", "】": "] ", "「": ' "', "」": '" ', "『": ' "', "』": '" ',
+}
+_QUOTES = str.maketrans({"“": '"', "”": '"', "‘": "'", "’": "'", "\u3000": " ", "\u00a0": " "})
+_TRAILING_PUNCT_SPACE = re.compile(r"(?<=[:;,.!?)\]\"]) (?=[\"')\],.]|$)")
+
 # Prefixes stacked before the real text. Each is tried repeatedly at the line start.
 _RANK_PREFIXES = (
-    re.compile(r"\[(?:rank|default|Rank)(?P<rank>\d+)\]:?\s?"),  # [rank0]: / [default3]:
-    re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:\s?"),  # mpirun --tag-output
-    re.compile(r"\((?:\w+ )?rank=(?P<rank>\d+)[^)]*\)\s?"),  # (VllmWorker rank=1 pid=12)
-    re.compile(r"(?:rank|Rank|RANK)\s?(?P<rank>\d+)\s?[:|]\s?"),  # rank 1: / Rank0 |
-    re.compile(r"(?P<rank>\d{1,3}): "),  # torchrun --tee / slurm -l "0: "
+    re.compile(r"\[(?:rank|default|Rank)(?P<rank>\d{1,5})\]:?\s?"),  # [rank0]: / [default3]:
+    re.compile(r"\[\d{1,5},(?P<rank>\d{1,5})\]<std(?:out|err)>:\s?"),  # mpirun --tag-output
+    re.compile(r"\((?:\w{1,40} )?rank=(?P<rank>\d{1,5})[^)]{0,80}\)\s?"),  # (VllmWorker rank=1 pid=12)
+    re.compile(r"(?:rank|Rank|RANK)\s?(?P<rank>\d{1,5})\s?[:|]\s?(?=\S)"),  # rank 1: / Rank0 |
+    re.compile(r"(?P<rank>\d{1,3}): "),  # torchrun --tee / srun -l "0: "
 )
+_LEVEL = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE|SUCCESS)"
 _OTHER_PREFIXES = (
-    # ISO-ish timestamps, optionally bracketed, optionally followed by a level
+    # ISO-ish or US timestamps, optionally bracketed, optionally followed by a logger
+    # name and a level: "2024-01-01 12:00:00,123 - root - ERROR - ", "[2024-...][INFO] "
     re.compile(
-        r"\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?"
-        r"(?:\s*[-|]?\s*\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?)?\s*[-|:]?\s?"
+        r"\[?(?:\d{4}-\d{2}-\d{2}|\d{2}/\d{2}/\d{2,4})[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?"
+        r"(?:Z|[+-]\d{2}:?\d{2}| ?[A-Z]{3})?\]?"
+        r"(?:\s{0,4}[-|:]?\s{0,4}(?:[\w.]{1,60}\s{1,4}[-|:]\s{1,4})?\[?" + _LEVEL + r"\]?)?"
+        r"(?:\s{0,8}[-|:]\s?(?:[\w.]{1,60}\s[-|:]\s)?|\s{1,8}|$)"
     ),
     # journald / syslog: "Oct 04 15:02:41 host unit[123]: "
-    re.compile(r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S+ [\w.@-]+(?:\[\d+\])?: "),
-    # glog: "W1004 15:02:41.123456 12345 file.cpp:12] "
-    re.compile(r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+\s+\d+ [\w./-]+:\d+\] "),
-    # bare clock time "[12:00:01] " or "12:00:01 "
-    re.compile(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\]?\s"),
-    # python logging "ERROR:root:" / "WARNING:__main__:"
-    re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:"),
-    # bracketed level "[ERROR] " / "[INFO|trainer.py:123] "
-    re.compile(r"\[(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?:\|[^\]]*)?\]\s?"),
+    re.compile(r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: ?"),
+    # glog (torch's C++ and torchrun): "W1004 15:02:41.123456 12345 file.cpp:12] "
+    re.compile(r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{1,9}\s{1,8}\d{1,10} [\w./-]{1,200}:\d{1,7}\](?: |$)"),
+    # vLLM: "ERROR 10-14 12:32:47 multiproc_worker_utils.py:233] ", "INFO 03-02 19:49:43 [x.py:242] "
+    re.compile(r"" + _LEVEL + r" \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})? \[?[\w./-]{1,200}:\d{1,7}\](?: |$)"),
+    # bare clock time "[12:00:01] " or "12:00:01 " (rich's log time column too)
+    re.compile(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?\]?(?:\s|$)"),
+    # python logging "ERROR:root:" / "WARNING:torch.distributed.run:"
+    re.compile(r"" + _LEVEL + r":[\w.<>-]{1,120}:"),
+    # loguru "2024-.. | ERROR    | mod:fn:12 - " once the time is gone: "| ERROR    | mod:fn:12 - "
+    re.compile(r"\|?\s?" + _LEVEL + r"\s{1,8}\|\s?(?:[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?"),
+    # bracketed level "[ERROR] " / "[INFO|trainer.py:123] " / deepspeed "[real_accelerator.py:219:get_accelerator] "
+    re.compile(r"\[" + _LEVEL + r"(?:\|[^\]]{0,200})?\]\s?"),
+    re.compile(r"\[[\w.-]{1,120}\.py:\d{1,7}(?::[\w<>.]{1,120})?\]\s?"),
+    # rich logging's level column: "ERROR    message" (level padded to 8)
+    re.compile(r"" + _LEVEL + r"\s{2,8}(?=\S)"),
     # Ray / vLLM process tags "(pid=123) ", "(WorkerDict pid=1, ip=10.0.0.1) "
-    re.compile(r"\((?:\w+ )?pid=\d+[^)]*\)\s?"),
-    # docker compose "trainer_1  | "
-    re.compile(r"[\w.-]+(?:[-_]\d+)?\s+\| "),
+    re.compile(r"\((?:\w{1,40} )?pid=\d{1,10}[^)]{0,80}\)\s?"),
+    # docker compose "trainer_1  | ", "trainer-1 | "
+    re.compile(r"[\w.-]{1,64}(?:[-_]\d{1,4})?\s{1,32}\| "),
     # workflow runners "[run/step/task (pid 12)] [0f1e...] "
-    re.compile(r"\[[\w./-]+ \(pid \d+\)\]\s*(?:\[[0-9a-f-]{8,}\]\s*)?"),
-    # pdsh / clush host prefixes "gpu017: "
-    re.compile(r"[a-z][\w-]*\d+: "),
+    re.compile(r"\[[\w./-]{1,200} \(pid \d{1,10}\)\]\s?(?:\[[0-9a-f-]{8,64}\]\s?)?"),
+    # accelerate's test harness / CI runners: "stderr: ", "stdout: "
+    re.compile(r"std(?:err|out): ?"),
+    # pdsh / clush / deepspeed multi-node host prefixes "gpu017: ", "worker-1: "
+    re.compile(r"[a-z][\w-]{0,40}\d{1,5}: "),
+)
+# Prefixes that carry a process identity: interleaved lines are split by it.
+_STREAM = re.compile(r"pid[= ](\d{1,10})|^([a-z][\w-]{0,40}\d{1,5}): |^([\w.-]{1,64})\s{1,32}\| ")
+
+# Rich box borders (rich.traceback, rich logging with tracebacks, typer, accelerate).
+_BOX_TOP = re.compile(r"^\s*[╭┏╔]─*\s*(?P<title>.*?)\s*─*[╮┓╗]\s*$")
+_BOX_TOP_ASCII = re.compile(r"^\s*\+-+ ?(?P<title>Traceback \(most recent call last\)) ?-+\+\s*$")
+_BOX_BOTTOM = re.compile(r"^\s*(?:[╰┗╚][─━═]*[╯┛╝]|\+-{10,}\+)\s*$")
+_SIDES = "│┃║"
+_INNER_BORDER = re.compile(r"^[╭╰][─]*(?:[^─]{0,80}─*)?[╮╯]$")
+
+# Text that starts a new logical line even when glued onto another.
+_GLUED = re.compile(
+    r"(?<=\S)(?=Traceback \(most recent call last\):)"  # tqdm bar + traceback
+    r"|(?<=\S)\s{2,}(?=File \"[^\"]{1,500}\", line \d)"  # padded lines joined in a paste
+)
+# A traceback flattened onto one line: "Traceback (...): File "a.py", line 3, in f x() ..."
+_FLAT_FRAME = re.compile(r"\s+(?=File \"[^\"]{1,500}\", line \d{1,7})")
+_FLAT_CODE = re.compile(r"^(File \"[^\"]{1,500}\", line \d{1,7}, in [^\s]{1,200})\s+(.+)$")
+_FLAT_EXC = re.compile(
+    r"\s(?=(?:[A-Za-z_]\w{0,60}\.){0,8}[A-Z]\w{0,60}(?:Error|Exception|Interrupt|Exit|Warning|Failure|Failed)(?::\s|$))"
 )
 
-# Rich box borders.
-_BOX_SIDES = "│┃║|"
-_BOX_TOP = re.compile(r"^\s*[╭┏╔]─*\s*(?P<title>.*?)\s*─*[╮┓╗]\s*$")
-_BOX_BOTTOM = re.compile(r"^\s*[╰┗╚][─━═]*[╯┛╝]\s*$")
-_BOX_LINE = re.compile(r"^\s*[│┃║]\s?(?P<body>.*?)\s*[│┃║]\s*$")
-
-# Text that starts a new logical line even when glued onto another (tqdm + traceback).
-_GLUED_STARTS = re.compile(r"(?<=\S)(?=Traceback \(most recent call last\):)")
-
-# The longest text a rule pattern ever sees at once (keeps matching bounded).
-MAX_MATCH_CHARS = 8192
+# Escaped text inside a JSON string (torchelastic's error file, structured loggers).
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
+_ESCAPES = {"n": "\n", "t": "    ", "r": "", '"': '"', "\\": "\\", "/": "/", "'": "'", "b": "", "f": ""}
+_JSON_KEY = re.compile(r'^\s{0,40}[{\[,]{0,4}\s{0,8}"[\w .-]{1,60}":\s{0,4}[{\[]{0,2}\s{0,4}"?')
+_JSON_TAIL = re.compile(r'"\s{0,8}[,}\]]{0,8}\s{0,8}$')
 
 
 @dataclass(slots=True)
@@ -80,39 +130,54 @@ class LogLine:
     text: str
     rank: int | None = None
     raw: str = ""  # the line as pasted, ANSI removed, prefixes kept (for evidence)
+    # What separates interleaved writers that have no rank (a pid, a host, a service).
+    stream: str | None = None
 
 
-_PROGRESS = re.compile(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]")
+_PROGRESS = re.compile(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d+/\d+ \[\d")
 
 
 def split_overwrites(line: str) -> list[str]:
-    """A `\r` rewrites the line (tqdm): the progress bars it overwrote are dropped,
+    """A `\\r` rewrites the line (tqdm): the progress bars it overwrote are dropped,
     but text printed between two bars (an error, a warning) is kept."""
     if "\r" not in line:
         return [line]
     parts = [p for p in line.split("\r") if p.strip()]
     if not parts:
         return [""]
-    kept = [p for p in parts[:-1] if not _PROGRESS.search(p)]
+    kept = [p for p in parts[:-1] if not _PROGRESS.search(p[:_HEAD])]
     return kept + [parts[-1]]
 
 
+def _wide_punct(m: re.Match[str]) -> str:
+    return _WIDE_MAP[m.group(1) or m.group(2)]
+
+
 def clean_physical_line(line: str) -> str:
-    """ANSI codes and control characters out; right padding off."""
+    """ANSI codes and control characters out; punctuation made ASCII; right padding off."""
     if "\x1b" in line or "[" in line:
         line = _ANSI.sub("", line)
     line = _CONTROL.sub("", line)
     if not line.isascii():
-        line = unicodedata.normalize("NFKC", line).replace("\ufffd", "?")
+        line = _WIDE_PUNCT.sub(_wide_punct, line)
+        line = unicodedata.normalize("NFKC", line.translate(_QUOTES)).replace("\ufffd", "?")
+        line = _TRAILING_PUNCT_SPACE.sub("", line)
     return line.rstrip()
 
 
 def strip_prefixes(line: str) -> tuple[str, int | None]:
     """Remove stacked rank / timestamp / host prefixes; return (text, rank)."""
+    text, rank, _stream = _strip_prefixes(line)
+    return text, rank
+
+
+def _strip_prefixes(line: str) -> tuple[str, int | None, str | None]:
     rank: int | None = None
-    for _ in range(6):
+    stream: str | None = None
+    for _ in range(8):
+        head = line[:_HEAD]
         for rx in _RANK_PREFIXES:
-            m = rx.match(line)
+            m = rx.match(head)
             if m:
                 if rank is None:
                     rank = int(m.group("rank"))
@@ -120,95 +185,263 @@ def strip_prefixes(line: str) -> tuple[str, int | None]:
                 break
         else:
             for rx in _OTHER_PREFIXES:
-                m = rx.match(line)
-                if m and m.end() < len(line):
+                m = rx.match(head)
+                if m and m.end() > 0:
+                    if stream is None:
+                        s = _STREAM.search(head[:m.end()])
+                        if s:
+                            stream = next(g for g in s.groups() if g)
                     line = line[m.end():]
                     break
             else:
-                return line, rank
-    return line, rank
+                return line, rank, stream
+    return line, rank, stream
+
+
+# --- logical lines ---------------------------------------------------------------------
+
+
+def _unescape(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        s = m.group(1)
+        if len(s) == 5:
+            try:
+                return chr(int(s[1:], 16))
+            except ValueError:
+                return m.group(0)
+        return _ESCAPES.get(s, m.group(0))
+
+    return _ESCAPE.sub(one, text)
+
+
+def _looks_escaped_traceback(text: str) -> bool:
+    return "\\n" in text and (
+        "Traceback (most recent call last)" in text or 'File \\"' in text or "\\n  File " in text
+    )
+
+
+def split_logical(body: str) -> list[str]:
+    """One cleaned, prefix-free physical line -> the logical lines it holds."""
+    if len(body) > 64 * _HEAD:  # a giant line: no structure to recover, keep it whole
+        return [body]
+    if _looks_escaped_traceback(body):
+        # A traceback inside a JSON string: unescape (twice for a JSON-in-JSON blob,
+        # as torchelastic writes it) and give each line of it back.
+        for _ in range(3):
+            body = _unescape(body)
+            if "\\n" not in body:
+                break
+        out: list[str] = []
+        for piece in body.split("\n"):
+            piece = _JSON_TAIL.sub("", _JSON_KEY.sub("", piece))
+            if piece.strip():
+                out.extend(split_logical(piece))
+        return out
+    if "Traceback (most recent call last)" in body and _FLAT_FRAME.search(body):
+        return _unflatten(body)
+    if "Traceback (most recent call last)" in body or 'File "' in body:
+        return [p for p in _GLUED.split(body)]
+    return [body]
+
+
+def _unflatten(body: str) -> list[str]:
+    """'Traceback (most recent call last): File "a.py", line 3, in f x() E: m' -> lines."""
+    parts = _FLAT_FRAME.split(body)
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        if not part.startswith("File "):
+            out.extend(_GLUED.split(part))
+            continue
+        m = _FLAT_CODE.match(part)
+        if not m:
+            out.append("  " + part)
+            continue
+        out.append("  " + m.group(1))
+        rest = m.group(2)
+        if i == len(parts) - 1:
+            e = _FLAT_EXC.search(rest)
+            if e:
+                code, exc = rest[: e.start()], rest[e.start() + 1:]
+                if code.strip():
+                    out.append("    " + code.strip())
+                out.append(exc)
+                continue
+        out.append("    " + rest)
+    return out
+
+
+@dataclass
+class _Box:
+    """A rich box being read for one stream of lines."""
+
+    width: int  # outer width of the box (the console width rich drew it at)
+    lines: list[LogLine] = field(default_factory=list)
+
+
+@dataclass
+class _Stream:
+    box: _Box | None = None
+    # After a box closes, rich prints the exception message wrapped at the console
+    # width; these lines are held until the message ends so they can be rejoined.
+    message: list[LogLine] = field(default_factory=list)
+    message_width: int = 0
+
+
+_GUTTER = re.compile(r"^\s*(?:❱\s*)?\d{1,6} [│┃|]")  # rich's code lines: "❱ 13 │ code"
 
 
 def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
     """Turn raw (decoded) log text into clean logical lines."""
     out: list[LogLine] = []
-    box: list[LogLine] = []
-    box_width = 0
+    streams: dict[tuple[int | None, str | None], _Stream] = {}
 
-    def flush_box() -> None:
-        # Rich wraps long lines inside a box: rejoin lines that ran to the border.
-        nonlocal box
-        if not box:
-            return
-        joined: list[LogLine] = []
-        for ln in box:
-            if joined and _was_wrapped(joined[-1].text, box_width) and ln.text.strip():
-                prev = joined[-1]
-                prev.text = prev.text.rstrip() + " " + ln.text.strip()
-            else:
-                joined.append(ln)
-        out.extend(joined)
-        box = []
+    def flush_message(st: _Stream) -> None:
+        if st.message:
+            out.extend(_rejoin(st.message, st.message_width, inner=False))
+            st.message = []
 
-    def _add_line(physical: str, no: int) -> None:
-        nonlocal box_width
+    def flush_box(st: _Stream) -> None:
+        if st.box is not None:
+            out.extend(_rejoin(st.box.lines, st.box.width - 4, inner=True))
+            st.box = None
+
+    def add(physical: str, no: int) -> None:
         cleaned = clean_physical_line(physical)
-        body, rank = strip_prefixes(cleaned)
-        bm = _BOX_LINE.match(body)
-        if bm:
-            box_width = max(box_width, len(body.strip()) - 2)
-            box.append(LogLine(no, bm.group("body").rstrip(), rank, cleaned))
-            return
-        top = _BOX_TOP.match(body)
-        if top:
-            flush_box()
-            box_width = len(body.strip()) - 2
-            title = top.group("title")
-            if "Traceback" in title:
-                out.append(LogLine(no, "Traceback (most recent call last):", rank, cleaned))
-            return
-        if _BOX_BOTTOM.match(body):
-            flush_box()
-            return
-        flush_box()
-        parts = _GLUED_STARTS.split(body) if "Traceback" in body else [body]
-        for part in parts:
-            out.append(LogLine(no, part, rank, cleaned))
+        body, rank, stream = _strip_prefixes(cleaned)
+        st = streams.setdefault((rank, stream), _Stream())
+        head = body[:_HEAD]
+        stripped = head.strip()
+        if stripped[:1] in "╭┏╔╰┗╚│┃║+|" and stripped:
+            if _box_line(st, body, no, rank, cleaned, stream, out, flush_box, flush_message):
+                return
+        if st.message:
+            if not stripped or _starts_structure(stripped):
+                flush_message(st)
+            else:
+                st.message.append(LogLine(no, body, rank, cleaned, stream))
+                return
+        for part in split_logical(body):
+            out.append(LogLine(no, part, rank, cleaned, stream))
 
     no = first_line_no - 1
     for physical_line in text.split("\n"):
         no += 1
         for physical in split_overwrites(physical_line):
-            _add_line(physical, no)
-    flush_box()
+            add(physical, no)
+    for st in streams.values():
+        flush_box(st)
+        flush_message(st)
+    out.sort(key=lambda ln: ln.no)  # flushes can land late; the sort is stable
     return out
 
 
-def _was_wrapped(text: str, width: int) -> bool:
-    return width > 20 and len(text.rstrip()) >= width - 16
+def _box_line(st: _Stream, body: str, no: int, rank: int | None, cleaned: str, stream: str | None,
+              out: list[LogLine], flush_box, flush_message) -> bool:
+    """Handle a line that may belong to a rich box; True when it was consumed."""
+    stripped = body.strip()
+    top = _BOX_TOP.match(stripped) or _BOX_TOP_ASCII.match(stripped)
+    if top and (st.box is None or "Traceback" in top.group("title")):
+        flush_box(st)
+        flush_message(st)
+        st.box = _Box(width=len(stripped))
+        if "Traceback" in top.group("title"):
+            out.append(LogLine(no, "Traceback (most recent call last):", rank, cleaned, stream))
+        return True
+    if st.box is None:
+        return False
+    if _BOX_BOTTOM.match(stripped):
+        width = st.box.width
+        flush_box(st)
+        st.message_width = width
+        st.message = []
+        # The message starts on the next line; mark the state so it is collected.
+        st.message.append(LogLine(no, "", rank, cleaned, stream))
+        return True
+    if stripped[0] in _SIDES or stripped[0] == "|":
+        inner = stripped[1:]
+        if inner[:1] == " ":
+            inner = inner[1:]
+        if inner and inner[-1] in _SIDES + "|":
+            inner = inner[:-1]
+        inner = inner.rstrip()
+        # A nested panel (rich's locals): drop its borders, keep its rows.
+        if _INNER_BORDER.match(inner.strip()):
+            return True
+        if inner[:1] in _SIDES:
+            inner = inner[1:].strip()
+            if inner[-1:] in _SIDES:
+                inner = inner[:-1].rstrip()
+        st.box.lines.append(LogLine(no, inner, rank, cleaned, stream))
+        return True
+    return False
+
+
+def _starts_structure(text: str) -> bool:
+    return (text.startswith(("Traceback", "The above exception", "During handling", "File ", "[", "{"))
+            or text[:1] in "╭┏╔")
+
+
+def _rejoin(lines: list[LogLine], width: int, inner: bool) -> list[LogLine]:
+    """Rejoin lines rich wrapped at `width`: a line that ran to the edge (a folded word)
+    joins the next without a space; one whose next word would not have fitted joins it
+    with a space. Rich's code lines are cropped, never wrapped, and are kept as they are."""
+    lines = [ln for ln in lines if ln.text or inner]
+    if not inner:
+        lines = [ln for ln in lines if ln.text.strip()]
+        if lines:
+            width = max(width, max(len(ln.text) for ln in lines))
+    joined: list[LogLine] = []
+    for ln in lines:
+        if joined and width > 20 and ln.text.strip():
+            prev = joined[-1]
+            p = prev.text.rstrip()
+            nxt = ln.text.strip()
+            if p and not _GUTTER.match(p) and not _GUTTER.match(ln.text):
+                first_word = nxt.split(" ", 1)[0]
+                # Rich folds only a word longer than the width, so a folded piece
+                # fills its whole line and has no space in it.
+                if len(p) >= width and " " not in p.lstrip():
+                    prev.text = p + nxt
+                    continue
+                if len(p) + 1 + len(first_word) > width:
+                    prev.text = p + " " + nxt
+                    continue
+        joined.append(LogLine(ln.no, ln.text, ln.rank, ln.raw, ln.stream))
+    return joined
 
 
 # --- tracebacks ----------------------------------------------------------------------
 
-TRACEBACK_HEADER = re.compile(r"Traceback \(most recent call last\)")
+TRACEBACK_HEADER = re.compile(r"Traceback \(most recent call last\)|回溯 ?\(最近一次调用")
 CHAIN_CAUSE = "The above exception was the direct cause of the following exception"
 CHAIN_DURING = "During handling of the above exception, another exception occurred"
 
 _FRAME_FORMS = (
-    re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?'),
-    re.compile(r"^\s*File (?P<file>[^\s,]+):(?P<line>\d+)(?:, in (?P<func>.+))?$"),  # IPython 8
-    re.compile(r"^\s*Cell (?P<file>In\s?\[\d*\]), line (?P<line>\d+)"),  # Jupyter cell
-    re.compile(r"^\s*(?P<file><ipython-input-[^>]+>) in (?P<func>[^\s(]+)"),  # old IPython
-    re.compile(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/|\./)\S+\.py):(?P<line>\d+) in (?P<func>\S+)"),
+    re.compile(r'^\s*(?:File|文件) ?"(?P<file>[^"]{1,1000})", ?(?:line |第 ?)(?P<line>\d{1,7})(?: ?行)?(?:, ?(?:in|在) (?P<func>\S{1,300}))?'),
+    re.compile(r"^\s*File (?P<file>[^\s,]{1,1000}):(?P<line>\d{1,7})(?:, in (?P<func>.{1,300}))?$"),  # IPython 8
+    re.compile(r"^\s*Cell (?P<file>In ?\[\d{0,6}\]), line (?P<line>\d{1,7})"),  # Jupyter cell
+    re.compile(r"^\s*(?P<file><ipython-input-[^>]{1,200}>) in (?P<func>[^\s(]{1,300})"),  # old IPython
+    # rich: "/path/to/file.py:12 in func"; old IPython/Colab: "/path/module.py in func(args)"
+    re.compile(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/|\./|\.\./)[^\s:]{0,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})"),
+    re.compile(r"^\s*(?P<file>[\w.\-/\\]{1,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})$"),
+    re.compile(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/)[^\s]{0,1000}\.py) in (?P<func>[\w<>.]{1,300})\(.{0,2000}$"),
 )
+_ARROW = re.compile(r"^\s*-{1,4}> ?(?P<line>\d{1,7})\b")  # IPython's "----> 12 train()"
 _EXCEPTION_LINE = re.compile(
-    r"^(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Warning|"
+    r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}[A-Za-z_]\w{0,80}(?:Error|Exception|Interrupt|Exit|Warning|"
     r"Failure|Fault|Timeout|Abort))(?::\s?(?P<message>.*))?$"
 )
+# After frames, any "dotted.CamelName: message" at the traceback's own indentation is the
+# exception line too (torch._dynamo.exc.BackendCompilerFailed, hydra's ConfigCompositionException).
+_EXCEPTION_AFTER_FRAMES = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}[A-Z]\w{0,80})(?::\s?(?P<message>.*))?$"
+)
 _STDLIB_OR_SITE = re.compile(
-    r"(site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]Lib[/\\]|<frozen |"
-    r"^<string>|[/\\]torch[/\\]|[/\\]accelerate[/\\]|[/\\]transformers[/\\]|"
-    r"[/\\]\.pyenv[/\\]|[/\\]conda[/\\].*[/\\]lib[/\\])"
+    r"(site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]lib[/\\][\w.-]+\.py$|<frozen |"
+    r"^<(?!ipython-input)[^>]*>$|[/\\](?:torch|accelerate|transformers|deepspeed|lightning|pytorch_lightning|"
+    r"peft|trl|bitsandbytes|flash_attn|apex|vllm|diffusers|xformers|triton)[/\\]|"
+    r"[/\\]\.pyenv[/\\]|[/\\]conda[/\\].*[/\\]lib[/\\]|[/\\]bin[/\\][\w.-]+$|[/\\]Scripts[/\\])",
+    re.IGNORECASE,
 )
 
 
@@ -225,7 +458,7 @@ class Frame:
 
     @property
     def is_user_code(self) -> bool:
-        return not _STDLIB_OR_SITE.search(self.file.replace("\\", "/") if "/" in self.file else self.file)
+        return not _STDLIB_OR_SITE.search(self.file)
 
 
 @dataclass
@@ -241,6 +474,7 @@ class Traceback:
     # "During handling of the above exception...": the index of the earlier one.
     chained_from: int | None = None
     chain_kind: str | None = None  # "cause" | "during"
+    stream: str | None = None
 
     @property
     def user_frame(self) -> Frame | None:
@@ -251,8 +485,11 @@ class Traceback:
 
 
 def parse_frame(text: str, no: int) -> Frame | None:
+    head = text[:_HEAD]
+    if "File" not in head and ".py" not in head and "In" not in head and "ipython" not in head and "文件" not in head:
+        return None
     for rx in _FRAME_FORMS:
-        m = rx.match(text)
+        m = rx.match(head)
         if m:
             d = m.groupdict()
             line = d.get("line")
@@ -261,58 +498,81 @@ def parse_frame(text: str, no: int) -> Frame | None:
 
 
 def exception_line(text: str) -> tuple[str, str] | None:
-    m = _EXCEPTION_LINE.match(text.strip())
+    m = _EXCEPTION_LINE.match(text[:MAX_MATCH_CHARS].strip())
     if not m:
         return None
     return m.group("type"), (m.group("message") or "").strip()
 
 
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip(" "))
+
+
 def segment(lines: list[LogLine]) -> list[Traceback]:
     """Find the tracebacks, per rank stream, with their frames, exception and chain."""
-    streams: dict[int | None, list[LogLine]] = {}
+    streams: dict[tuple[int | None, str | None], list[LogLine]] = {}
     for ln in lines:
-        streams.setdefault(ln.rank, []).append(ln)
+        streams.setdefault((ln.rank, ln.stream), []).append(ln)
     found: list[Traceback] = []
-    for rank, stream in streams.items():
-        found.extend(_segment_stream(stream, rank))
-    found.sort(key=lambda t: (t.start, -1 if t.rank is None else t.rank))
-    # Re-link chains after sorting (indices were per stream).
+    for (rank, stream), lns in streams.items():
+        found.extend(_segment_stream(lns, rank, stream))
+    found.sort(key=lambda t: (t.start, -1 if t.rank is None else t.rank, t.stream or ""))
+    # Chains were recorded per stream as objects; turn them into indices of `found`.
+    index = {id(t): i for i, t in enumerate(found)}
+    for t in found:
+        if isinstance(t.chained_from, Traceback):
+            t.chained_from = index.get(id(t.chained_from))
     return found
 
 
-def _segment_stream(stream: list[LogLine], rank: int | None) -> list[Traceback]:
+def _segment_stream(stream: list[LogLine], rank: int | None, stream_id: str | None) -> list[Traceback]:
     result: list[Traceback] = []
     current: Traceback | None = None
     pending_chain: str | None = None
     in_message = False
+    frame_indent = 0
     for ln in stream:
         text = ln.text
-        if TRACEBACK_HEADER.search(text):
-            if current is not None:
-                result.append(current)
-            current = Traceback(rank=rank, start=ln.no, end=ln.no)
-            if pending_chain and result:
-                current.chained_from = len(result) - 1
-                current.chain_kind = pending_chain
-            pending_chain = None
-            in_message = False
-            continue
-        if CHAIN_CAUSE in text or CHAIN_DURING in text:
+        head = text[:_HEAD]
+        if "Traceback" in head or "回溯" in head:
+            if TRACEBACK_HEADER.search(head):
+                if current is not None:
+                    result.append(current)
+                previous = result[-1] if result else None
+                current = Traceback(rank=rank, start=ln.no, end=ln.no, stream=stream_id)
+                if pending_chain and previous is not None:
+                    current.chained_from = previous  # type: ignore[assignment]  # resolved in segment()
+                    current.chain_kind = pending_chain
+                pending_chain = None
+                in_message = False
+                frame_indent = 0
+                continue
+        if CHAIN_CAUSE in head or CHAIN_DURING in head:
             if current is not None:
                 result.append(current)
                 current = None
-            pending_chain = "cause" if CHAIN_CAUSE in text else "during"
+            pending_chain = "cause" if CHAIN_CAUSE in head else "during"
             continue
         if current is None:
             continue
-        frame = parse_frame(text, ln.no)
-        if frame is not None and not in_message:
-            current.frames.append(frame)
-            current.end = ln.no
-            continue
+        if not in_message:
+            frame = parse_frame(text, ln.no)
+            if frame is not None:
+                if not current.frames:
+                    frame_indent = _indent(text)
+                else:
+                    frame_indent = min(frame_indent, _indent(text))
+                current.frames.append(frame)
+                current.end = ln.no
+                continue
+            arrow = _ARROW.match(head)
+            if arrow and current.frames and current.frames[-1].line is None:
+                current.frames[-1].line = int(arrow.group("line"))
+                current.end = ln.no
+                continue
         if current.exc_type is None:
-            exc = exception_line(text)
-            if exc is not None and (current.frames or not text.startswith(" ")):
+            exc = _exception(text, current, frame_indent)
+            if exc is not None:
                 current.exc_type, current.exc_message = exc
                 current.exc_line = ln.no
                 current.end = ln.no
@@ -322,7 +582,7 @@ def _segment_stream(stream: list[LogLine], rank: int | None) -> list[Traceback]:
             continue
         # Lines after the exception line continue its message until a blank line.
         if text.strip() and in_message and not text.startswith("[") and len(current.exc_message) < 4000:
-            current.exc_message += "\n" + text.strip()
+            current.exc_message += "\n" + text[:MAX_MATCH_CHARS].strip()
             current.end = ln.no
         else:
             result.append(current)
@@ -331,3 +591,22 @@ def _segment_stream(stream: list[LogLine], rank: int | None) -> list[Traceback]:
     if current is not None:
         result.append(current)
     return result
+
+
+def _exception(text: str, tb: Traceback, frame_indent: int) -> tuple[str, str] | None:
+    stripped = text[:MAX_MATCH_CHARS].strip()
+    if not stripped:
+        return None
+    if tb.frames:
+        # The exception line is never indented deeper than the frames (code lines are).
+        if _indent(text) > frame_indent:
+            return None
+        m = _EXCEPTION_LINE.match(stripped) or _EXCEPTION_AFTER_FRAMES.match(stripped)
+    else:
+        # A traceback whose frames were cut from the paste: only a clear exception line.
+        if text.startswith(" "):
+            return None
+        m = _EXCEPTION_LINE.match(stripped)
+    if not m:
+        return None
+    return m.group("type"), (m.group("message") or "").strip()

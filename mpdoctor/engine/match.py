@@ -3,7 +3,7 @@
 Speed comes from the literal prefilter: every pattern has literals it cannot match
 without (engine.patterns derives them), so one scan for all literals finds the few
 lines worth a regular expression, and only the rules whose literal was seen there are
-tried on them.
+tried on them (and compiled, the first time they are).
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any, Iterable
 
 from ..findings import Evidence, Finding, Unrecognised, rank_findings
 from ..logtext import MAX_MATCH_CHARS, LogLine, Traceback
-from .derive import run_deriver
 from .rules import Rule
 from .template import render_all, render_paragraph
 
 MAX_EVIDENCE = 4
 MAX_EVIDENCE_CHARS = 400
+# Below this much text, one str.find per literal beats compiling an alternation.
+_SMALL_TEXT = 1 << 20
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass
@@ -31,33 +33,49 @@ class Hit:
 
 @dataclass
 class LiteralIndex:
-    """All rules' literals in one case-insensitive alternation, and who needs each."""
+    """All rules' literals, and which rules need each (literals are lower-case)."""
 
     rules: list[Rule]
-    regex: re.Pattern[str] = field(init=False)
     owners: dict[str, list[int]] = field(init=False)
+    _regex: re.Pattern[str] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.owners = {}
         for i, rule in enumerate(self.rules):
             for lit in rule.literals:
                 self.owners.setdefault(lit, []).append(i)
-        # Longest first, so that a long literal is not hidden by a shorter prefix of it.
-        alts = sorted(self.owners, key=len, reverse=True)
-        self.regex = re.compile("|".join(re.escape(a) for a in alts) or r"(?!x)x", re.IGNORECASE)
 
-    def candidates(self, text: str) -> set[int]:
-        """Rule indices whose literal occurs in `text` (overlaps handled per literal)."""
-        low = text.lower()
-        found: set[int] = set()
+    @property
+    def regex(self) -> re.Pattern[str]:
+        """One alternation of every literal (longest first), compiled on first use."""
+        if self._regex is None:
+            alts = sorted(self.owners, key=len, reverse=True)
+            self._regex = re.compile("|".join(re.escape(a) for a in alts) or r"(?!x)x")
+        return self._regex
+
+    def positions(self, low: str) -> Iterable[tuple[int, str]]:
+        """(position, literal) of the literals in lower-cased `low`, in no fixed order.
+
+        Every occurrence of every literal is found, overlapping ones included, so a
+        literal inside a longer one is never hidden."""
+        if len(low) <= _SMALL_TEXT or len(self.owners) <= 8:
+            for lit in self.owners:
+                find = low.find
+                i = find(lit)
+                while i >= 0:
+                    yield i, lit
+                    i = find(lit, i + 1)
+            return
+        # A big text: one pass with the alternation, then the literals the
+        # alternation can hide (those inside a longer literal) on the lines it found.
         for m in self.regex.finditer(low):
-            found.update(self.owners.get(m.group(0).lower(), ()))
-        if found:
-            # A shorter literal may sit inside a longer one that the alternation took.
-            for lit, owners in self.owners.items():
-                if not set(owners) <= found and lit in low:
-                    found.update(owners)
-        return found
+            yield m.start(), m.group(0)
+        hidden = [lit for lit in self.owners if any(lit in other and lit != other for other in self.owners)]
+        for lit in hidden:
+            i = low.find(lit)
+            while i >= 0:
+                yield i, lit
+                i = low.find(lit, i + 1)
 
 
 def _window(text: str, literal_pos: int) -> str:
@@ -68,40 +86,44 @@ def _window(text: str, literal_pos: int) -> str:
     return text[start:start + MAX_MATCH_CHARS]
 
 
+def _same_message(text: str) -> str:
+    """What makes two hits 'the same message': the text with its numbers masked, so the
+    same OOM on GPU 0 and GPU 1 (or on eight ranks) is one finding seen N times."""
+    return _DIGITS.sub("#", text.strip())[:MAX_EVIDENCE_CHARS]
+
+
 class LogMatcher:
     def __init__(self, rules: Iterable[Rule]):
         self.rules = [r for r in rules if r.kind == "log"]
         self.index = LiteralIndex(self.rules)
+        self._by_id = {r.id: r for r in self.rules}
 
     # -- hits ---------------------------------------------------------------------------
 
     def hits(self, lines: list[LogLine]) -> dict[int, list[Hit]]:
-        joined = "\n".join(ln.text for ln in lines)
+        lows = [ln.text.lower() for ln in lines]
         starts: list[int] = []
         pos = 0
-        for ln in lines:
+        for low in lows:
             starts.append(pos)
-            pos += len(ln.text) + 1
+            pos += len(low) + 1
+        joined = "\n".join(lows)
         # line index -> {rule index: first literal position in the line}
         per_line: dict[int, dict[int, int]] = {}
-        for m in self.index.regex.finditer(joined):
-            li = bisect.bisect_right(starts, m.start()) - 1
+        owners = self.index.owners
+        for p, lit in self.index.positions(joined):
+            li = bisect.bisect_right(starts, p) - 1
             slot = per_line.setdefault(li, {})
-            for ri in self.index.owners.get(m.group(0).lower(), ()):
-                slot.setdefault(ri, m.start() - starts[li])
+            for ri in owners[lit]:
+                at = p - starts[li]
+                if ri not in slot or at < slot[ri]:
+                    slot[ri] = at
         by_rule: dict[int, list[Hit]] = {}
         for li in sorted(per_line):
             ln = lines[li]
-            slot = per_line[li]
-            low = ln.text.lower() if len(ln.text) <= MAX_MATCH_CHARS else None
-            cands = set(slot)
-            if low is not None:
-                for lit, owners in self.index.owners.items():
-                    if lit in low:
-                        cands.update(owners)
-            for ri in sorted(cands):
+            for ri, at in sorted(per_line[li].items()):
                 rule = self.rules[ri]
-                text = _window(ln.text, slot.get(ri, 0))
+                text = _window(ln.text, at)
                 for rx in rule.patterns:
                     m = rx.search(text)
                     if m is None:
@@ -116,66 +138,69 @@ class LogMatcher:
     # -- findings -----------------------------------------------------------------------
 
     def findings(self, lines: list[LogLine], tracebacks: list[Traceback]) -> tuple[list[Finding], list[Unrecognised]]:
-        joined: str | None = None
         by_rule = self.hits(lines)
         findings: list[Finding] = []
-        explained_tracebacks: set[int] = set()
+        explained: set[int] = set()
+        tb_of: dict[int, int | None] = {}  # id(finding) -> index of its traceback
         tb_starts = [t.start for t in tracebacks]
+        whole = _WholeLog(lines)
         for ri, hits in by_rule.items():
             rule = self.rules[ri]
             if len(hits) < rule.min_count:
                 continue
-            if rule.requires or rule.excludes or rule.context:
-                if joined is None:
-                    joined = "\n".join(ln.text for ln in lines)
-                if rule.requires and not any(rx.search(joined) for rx in rule.requires):
-                    continue
-                if rule.excludes and any(rx.search(joined) for rx in rule.excludes):
-                    continue
-            finding = self._finding(rule, hits, joined, tracebacks, tb_starts, explained_tracebacks)
+            if rule.requires and not any(whole.search(rx) for rx in rule.requires):
+                continue
+            if rule.excludes and any(whole.search(rx) for rx in rule.excludes):
+                continue
+            finding, t_i = self._finding(rule, hits, whole, tracebacks, tb_starts, explained)
             findings.append(finding)
-        findings = _apply_supersedes(findings, {r.id: r for r in self.rules})
-        unrecognised = _unrecognised(tracebacks, explained_tracebacks, findings)
+            tb_of[id(finding)] = t_i
+        findings = _apply_supersedes(findings, self._by_id)
+        _causes_first(findings, tb_of, tracebacks)
+        unrecognised = _unrecognised(tracebacks, explained, findings)
         return rank_findings(findings), unrecognised
 
-    def _finding(self, rule: Rule, hits: list[Hit], joined: str | None, tracebacks: list[Traceback],
-                 tb_starts: list[int], explained: set[int]) -> Finding:
+    def _finding(self, rule: Rule, hits: list[Hit], whole: "_WholeLog", tracebacks: list[Traceback],
+                 tb_starts: list[int], explained: set[int]) -> tuple[Finding, int | None]:
         facts: dict[str, Any] = dict(hits[0].facts)
         for h in hits[1:]:
             for k, v in h.facts.items():
                 facts.setdefault(k, v)
-        if rule.context and joined is not None:
-            for rx in rule.context:
-                m = rx.search(joined)
-                if m:
-                    for k, v in m.groupdict().items():
-                        if v is not None:
-                            facts.setdefault(k, v)
+        for rx in rule.context:
+            m = whole.search(rx)
+            if m:
+                for k, v in m.groupdict().items():
+                    if v is not None:
+                        facts.setdefault(k, v)
         tb = None
+        tb_index = None
         for h in hits:
             t_i = _traceback_of(h.line, tracebacks, tb_starts)
-            if t_i is not None:
-                explained.add(t_i)
-                if tb is None:
-                    tb = tracebacks[t_i]
-                    # The chain this traceback belongs to is explained too.
-                    j = t_i
-                    while tracebacks[j].chained_from is not None:
-                        j = tracebacks[j].chained_from  # type: ignore[assignment]
-                        explained.add(j)
-        # Also any later traceback in a chain rooted at an explained one.
+            if t_i is None:
+                continue
+            explained.add(t_i)
+            if tb is None:
+                tb, tb_index = tracebacks[t_i], t_i
+            # The chain this traceback belongs to is explained too.
+            j: int | None = t_i
+            while j is not None and tracebacks[j].chained_from is not None:
+                j = tracebacks[j].chained_from
+                if j is not None:
+                    explained.add(j)
+        # ... and any later traceback in a chain rooted at an explained one.
         for i, t in enumerate(tracebacks):
             if t.chained_from is not None and t.chained_from in explained:
                 explained.add(i)
+        # One evidence line per distinct message (numbers masked); the rest is a count.
         evidence_lines: list[LogLine] = []
-        seen_texts: set[str] = set()
+        kinds: set[str] = set()
         for h in hits:
-            if h.line.text in seen_texts:
+            key = _same_message(h.line.text)
+            if key in kinds:
                 continue
-            seen_texts.add(h.line.text)
-            evidence_lines.append(h.line)
-            if len(evidence_lines) >= MAX_EVIDENCE - 1:
-                break
+            kinds.add(key)
+            if len(evidence_lines) < MAX_EVIDENCE - 1:
+                evidence_lines.append(h.line)
         if tb is not None:
             if tb.exc_type:
                 facts.setdefault("exception", tb.exc_type)
@@ -183,10 +208,11 @@ class LogMatcher:
             if uf is not None:
                 facts.setdefault("user_frame", uf.location)
         if rule.derive:
+            from .derive import run_deriver  # imported only when a rule needs it
+
             for k, v in run_deriver(rule.derive, facts, [h.facts for h in hits]).items():
                 facts.setdefault(k, v)
         ranks = sorted({h.line.rank for h in hits if h.line.rank is not None})
-        distinct = {(h.line.rank, h.line.text) for h in hits}
         evidence = [Evidence(_clip(ln.raw or ln.text), ln.no) for ln in evidence_lines]
         if tb is not None and tb.user_frame is not None and not any(e.line == tb.user_frame.no for e in evidence):
             evidence.append(Evidence(_clip(f"user code: {tb.user_frame.location}"
@@ -196,21 +222,58 @@ class LogMatcher:
             facts.setdefault("ranks", ", ".join(str(r) for r in ranks))
         facts = {k: v for k, v in facts.items() if not k.startswith("_")}
         severity = facts.pop("severity", None) if facts.get("severity") in ("error", "warning", "info") else None
+        title = render_all([rule.title], facts)
         return Finding(
             rule=rule.id,
             category=rule.category,
             severity=severity or rule.severity,
-            title=render_all([rule.title], facts)[0] if render_all([rule.title], facts) else rule.title.split("{")[0].strip(),
+            title=title[0] if title else rule.title.split("{")[0].strip(),
             explanation=render_paragraph(rule.explanation, facts),
             fixes=render_all(rule.fixes, facts),
             evidence=evidence,
             facts=facts,
             references=list(rule.references),
-            count=len(distinct),
+            count=_count(hits),
             ranks=ranks,
             consequence=rule.consequence,
             priority=rule.priority,
-        )
+        ), tb_index
+
+
+class _WholeLog:
+    """The whole log for `requires` / `excludes` / `context` patterns, searched one
+    bounded line at a time so that a huge line cannot make a pattern slow."""
+
+    def __init__(self, lines: list[LogLine]):
+        self.lines = lines
+
+    def search(self, rx: Any) -> re.Match[str] | None:
+        for ln in self.lines:
+            text = ln.text
+            if len(text) > MAX_MATCH_CHARS:
+                for start in range(0, min(len(text), 64 * MAX_MATCH_CHARS), MAX_MATCH_CHARS // 2):
+                    m = rx.search(text[start:start + MAX_MATCH_CHARS])
+                    if m:
+                        return m
+                continue
+            m = rx.search(text)
+            if m:
+                return m
+        return None
+
+
+def _count(hits: list[Hit]) -> int:
+    """How many times the finding was seen: once per rank that reported it, and once per
+    distinct message among lines with no rank (a launcher repeating a child's error is
+    not a second occurrence)."""
+    ranked = {h.line.rank for h in hits if h.line.rank is not None}
+    ranked_texts = {_same_message(h.line.text) for h in hits if h.line.rank is not None}
+    unranked = {_same_message(h.line.text) + str(h.line.stream) for h in hits
+                if h.line.rank is None and _same_message(h.line.text) not in ranked_texts}
+    if ranked:
+        return len(ranked) + len(unranked)
+    texts = {h.line.text.strip() for h in hits}
+    return max(1, len(texts))
 
 
 def _clip(text: str) -> str:
@@ -221,9 +284,10 @@ def _clip(text: str) -> str:
 def _traceback_of(line: LogLine, tracebacks: list[Traceback], tb_starts: list[int]) -> int | None:
     i = bisect.bisect_right(tb_starts, line.no) - 1
     # Several tracebacks (other ranks) can start before this line: look back a little.
-    for j in range(i, max(-1, i - 16), -1):
+    for j in range(i, max(-1, i - 64), -1):
         t = tracebacks[j]
-        if t.start <= line.no <= t.end and (t.rank == line.rank or t.rank is None or line.rank is None):
+        if (t.start <= line.no <= t.end and (t.rank == line.rank or t.rank is None or line.rank is None)
+                and (t.stream == line.stream or t.stream is None or line.stream is None)):
             return j
     return None
 
@@ -233,9 +297,44 @@ def _apply_supersedes(findings: list[Finding], rules: dict[str, Rule]) -> list[F
     dropped: set[str] = set()
     for f in findings:
         for other in (rules[f.rule].supersedes if f.rule in rules else []):
-            if other in present:
+            if other in present and other != f.rule:
                 dropped.add(other)
     return [f for f in findings if f.rule not in dropped]
+
+
+def _chain_root(i: int, tracebacks: list[Traceback]) -> tuple[int, int]:
+    """(root traceback index, depth) of the chain traceback i belongs to."""
+    depth = 0
+    seen = {i}
+    while tracebacks[i].chained_from is not None and depth < 64:
+        nxt = tracebacks[i].chained_from
+        assert nxt is not None
+        if nxt in seen:
+            break
+        seen.add(nxt)
+        i, depth = nxt, depth + 1
+    return i, depth
+
+
+def _causes_first(findings: list[Finding], tb_of: dict[int, int | None], tracebacks: list[Traceback]) -> None:
+    """In a chain of exceptions ("The above exception was the direct cause of...",
+    "During handling of..."), the earliest explained link is the cause: a finding on a
+    later link of the same chain is its consequence and ranks below it."""
+    by_chain: dict[int, list[tuple[int, Finding]]] = {}
+    for f in findings:
+        t_i = tb_of.get(id(f))
+        if t_i is None:
+            continue
+        root, depth = _chain_root(t_i, tracebacks)
+        by_chain.setdefault(root, []).append((depth, f))
+    for members in by_chain.values():
+        causes = [d for d, f in members if not f.consequence]
+        if not causes:
+            continue
+        first = min(causes)
+        for d, f in members:
+            if d > first and f.severity != "info":
+                f.consequence = True
 
 
 def _unrecognised(tracebacks: list[Traceback], explained: set[int], findings: list[Finding]) -> list[Unrecognised]:
@@ -246,9 +345,18 @@ def _unrecognised(tracebacks: list[Traceback], explained: set[int], findings: li
             continue
         first = t.exc_message.split("\n")[0]
         text = f"{t.exc_type}: {first}" if first else t.exc_type
+        text = _clip(text)
+        key = _same_message(text)
         uf = t.user_frame
-        if text in out:
-            out[text].count += 1
+        if key in out:
+            u = out[key]
+            if t.rank is not None and t.rank not in u.ranks:
+                u.ranks.append(t.rank)
+                u.ranks.sort()
+                u.count = len(u.ranks)
+            elif t.rank is None:
+                pass  # a launcher repeating the same error is not a second occurrence
             continue
-        out[text] = Unrecognised(text[:MAX_EVIDENCE_CHARS], t.exc_line or t.start, uf.location if uf else None)
+        out[key] = Unrecognised(text, t.exc_line or t.start, uf.location if uf else None,
+                                ranks=[t.rank] if t.rank is not None else [])
     return list(out.values())

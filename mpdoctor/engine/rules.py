@@ -14,13 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 from ..findings import CATEGORIES, SEVERITIES
-from .patterns import PatternError, check_bounded, required_literals
 
 RULE_KINDS = ("log", "env")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
@@ -42,6 +36,48 @@ class RuleError(Exception):
         self.problem = problem
         where = f"{self.path}" + (f" (rule {rule_id!r})" if rule_id else "")
         super().__init__(f"{where}: {problem}")
+
+
+class LazyPattern:
+    """A rule's regular expression, compiled the first time it is used.
+
+    A rule base of a hundred rules has a few hundred patterns; compiling them all costs
+    more than the rest of `mpdoctor explain` on a short traceback, and a log touches
+    only the few whose literal it contains. Behaves like the `re.Pattern` it wraps.
+    """
+
+    __slots__ = ("pattern", "_rx")
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        self._rx: re.Pattern[str] | None = None
+
+    @property
+    def compiled(self) -> re.Pattern[str]:
+        if self._rx is None:
+            self._rx = re.compile(self.pattern)
+        return self._rx
+
+    def search(self, string: str, *args: int) -> re.Match[str] | None:
+        return self.compiled.search(string, *args)
+
+    def match(self, string: str, *args: int) -> re.Match[str] | None:
+        return self.compiled.match(string, *args)
+
+    def finditer(self, string: str, *args: int):
+        return self.compiled.finditer(string, *args)
+
+    def __getattr__(self, name: str) -> Any:  # groupindex, flags, fullmatch, ...
+        return getattr(self.compiled, name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LazyPattern) and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"LazyPattern({self.pattern!r})"
 
 
 @dataclass
@@ -66,11 +102,11 @@ class Rule:
     summary: str = ""
     priority: int = 50
     consequence: bool = False
-    patterns: list[re.Pattern[str]] = field(default_factory=list)
-    unless: list[re.Pattern[str]] = field(default_factory=list)
-    requires: list[re.Pattern[str]] = field(default_factory=list)
-    excludes: list[re.Pattern[str]] = field(default_factory=list)
-    context: list[re.Pattern[str]] = field(default_factory=list)
+    patterns: list[LazyPattern] = field(default_factory=list)
+    unless: list[LazyPattern] = field(default_factory=list)
+    requires: list[LazyPattern] = field(default_factory=list)
+    excludes: list[LazyPattern] = field(default_factory=list)
+    context: list[LazyPattern] = field(default_factory=list)
     literals: list[str] = field(default_factory=list)
     min_count: int = 1
     supersedes: list[str] = field(default_factory=list)
@@ -94,23 +130,27 @@ class Rule:
         return p
 
 
-def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool) -> tuple[list[re.Pattern[str]], list[str]]:
+def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
+             validate: bool = True) -> tuple[list[LazyPattern], list[str]]:
+    """Check a pattern list (bounded, valid, and with the literal the prefilter needs)
+    and wrap it; compiling waits until a log needs the pattern."""
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise RuleError(path, rid, f"'{key}' must be a string or a list of strings")
-    compiled: list[re.Pattern[str]] = []
     literals: list[str] = []
-    for src in value:
-        try:
-            check_bounded(src)
-            rx = re.compile(src)
-            if need_literal:
-                literals.extend(required_literals(src))
-        except (PatternError, re.error) as exc:
-            raise RuleError(path, rid, f"{key} pattern {src!r} {exc}") from None
-        compiled.append(rx)
-    return compiled, literals
+    if validate:
+        from .patterns import PatternError, check_bounded, required_literals
+
+        for src in value:
+            try:
+                check_bounded(src)
+                re.compile(src)
+                if need_literal:
+                    literals.extend(required_literals(src))
+            except (PatternError, re.error) as exc:
+                raise RuleError(path, rid, f"{key} pattern {src!r} {exc}") from None
+    return [LazyPattern(src) for src in value], literals
 
 
 def _text_list(path: Path, rid: str, data: dict, key: str) -> list[str]:
@@ -140,7 +180,13 @@ def _examples(path: Path, rid: str, data: dict, key: str) -> list[Example]:
     return out
 
 
-def parse_rule(path: Path, data: dict[str, Any]) -> Rule:
+def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = None) -> Rule:
+    """A Rule from one file's TOML data; RuleError says what is wrong.
+
+    `literals` are the prefilter literals from an earlier, validated parse of the very
+    same file (the compiled-rules cache): given them, the expensive pattern checks are
+    skipped."""
+    validated = literals is None
     rid = data.get("id")
     if not isinstance(rid, str) or not _ID.match(rid):
         raise RuleError(path, None, "needs an 'id' of lower-case letters, digits and dashes")
@@ -159,6 +205,16 @@ def parse_rule(path: Path, data: dict[str, Any]) -> Rule:
     title = data.get("title")
     if not isinstance(title, str) or not title.strip():
         raise RuleError(path, rid, "needs a 'title'")
+    for key in ("priority", "min_count"):
+        if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool)):
+            raise RuleError(path, rid, f"'{key}' must be a whole number, not {data[key]!r}")
+    if "consequence" in data and not isinstance(data["consequence"], bool):
+        raise RuleError(path, rid, "'consequence' must be true or false")
+    if "doc" in data and not isinstance(data["doc"], dict):
+        raise RuleError(path, rid, "'doc' must be a table ([doc])")
+    for key in ("derive", "check"):
+        if key in data and not isinstance(data[key], str):
+            raise RuleError(path, rid, f"'{key}' must be a string")
     rule = Rule(
         id=rid, kind=kind, category=category, severity=severity, title=title.strip(), path=path,
         summary=str(data.get("summary", "")).strip(),
@@ -179,10 +235,13 @@ def parse_rule(path: Path, data: dict[str, Any]) -> Rule:
     if kind == "log":
         if "patterns" not in data:
             raise RuleError(path, rid, "a log rule needs 'patterns'")
-        rule.patterns, rule.literals = _compile(path, rid, "patterns", data["patterns"], True)
+        rule.patterns, found = _compile(path, rid, "patterns", data["patterns"], True, validated)
+        if not rule.patterns:
+            raise RuleError(path, rid, "'patterns' is empty")
+        rule.literals = sorted(set(found)) if validated else list(literals or [])
         for key in ("unless", "requires", "excludes", "context"):
             if key in data:
-                setattr(rule, key, _compile(path, rid, key, data[key], False)[0])
+                setattr(rule, key, _compile(path, rid, key, data[key], False, validated)[0])
     else:
         if not isinstance(rule.check, str):
             raise RuleError(path, rid, "an env rule needs 'check', the name of its predicate")
@@ -190,7 +249,7 @@ def parse_rule(path: Path, data: dict[str, Any]) -> Rule:
         raise RuleError(path, rid, "needs at least one [[example]] that must match")
     if not rule.near_misses:
         raise RuleError(path, rid, "needs at least one [[near_miss]] that must not match")
-    if rule.derive is not None:
+    if rule.derive is not None and validated:
         from .derive import DERIVERS
 
         if rule.derive not in DERIVERS:
@@ -217,34 +276,92 @@ def rule_dirs(extra: list[str | Path] | None = None) -> list[Path]:
     return dirs
 
 
+def _rule_files(directory: Path) -> list[Path]:
+    """Every *.toml under `directory`, sorted, found with os.scandir (pathlib's rglob
+    costs more than parsing a cached rule base)."""
+    found: list[str] = []
+    stack = [str(directory)]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for entry in it:
+                    if entry.name.startswith("."):
+                        continue
+                    if entry.is_dir():
+                        stack.append(entry.path)
+                    elif entry.name.endswith(".toml"):
+                        found.append(entry.path)
+        except OSError:
+            continue
+    return [Path(p) for p in sorted(found)]
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleError(path, None, f"is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RuleError(path, None, f"is not UTF-8 text: {exc}") from None
+    except OSError as exc:
+        raise RuleError(path, None, f"cannot be read: {exc.strerror or exc}") from None
+
+
 def load_dir(directory: Path) -> list[Rule]:
+    """The rules in one folder (and its subfolders); RuleError for the first bad one."""
+    from . import rulecache
+
+    directory = Path(directory)
     if not directory.is_dir():
         raise RuleError(directory, None, "is not a folder of rules")
+    cache = rulecache.get()
     rules = []
-    for path in sorted(directory.rglob("*.toml")):
-        try:
-            with path.open("rb") as fh:
-                data = tomllib.load(fh)
-        except tomllib.TOMLDecodeError as exc:
-            raise RuleError(path, None, f"is not valid TOML: {exc}") from None
-        except OSError as exc:
-            raise RuleError(path, None, f"cannot be read: {exc.strerror}") from None
-        rules.append(parse_rule(path, data))
+    for path in _rule_files(directory):
+        cached = cache.lookup(path)
+        if cached is not None:
+            data, literals = cached
+            rules.append(parse_rule(path, data, literals))
+            continue
+        data = _read_toml(path)
+        rule = parse_rule(path, data)
+        cache.store(path, data, rule.literals)
+        rules.append(rule)
+    cache.save()
     return rules
 
 
-_CACHE: dict[tuple[str, ...], list[Rule]] = {}
+_CACHE: dict[tuple[str, ...], tuple[tuple, list[Rule]]] = {}
+
+
+def _signature(dirs: list[Path]) -> tuple:
+    sig = []
+    for d in dirs:
+        for p in _rule_files(d):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            sig.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(sig)
 
 
 def load_rules(extra: list[str | Path] | None = None, kind: str | None = None) -> list[Rule]:
     """All rules: the built-in ones, MPDOCTOR_RULES_PATH, then `extra` folders.
 
     A later rule with the same id replaces an earlier one, so a user can override a
-    built-in rule by writing one of the same id in their own folder.
+    built-in rule by writing one of the same id in their own folder. The result is
+    reused within a process while no rule file changes.
     """
     dirs = rule_dirs(extra)
     key = tuple(str(d) for d in dirs)
-    if key not in _CACHE:
+    sig = _signature(dirs)
+    if key not in _CACHE or _CACHE[key][0] != sig:
         by_id: dict[str, Rule] = {}
         for d in dirs:
             seen: dict[str, Path] = {}
@@ -253,6 +370,6 @@ def load_rules(extra: list[str | Path] | None = None, kind: str | None = None) -
                     raise RuleError(rule.path, rule.id, f"the same id is already used by {seen[rule.id]}")
                 seen[rule.id] = rule.path
                 by_id[rule.id] = rule
-        _CACHE[key] = list(by_id.values())
-    rules = _CACHE[key]
+        _CACHE[key] = (sig, list(by_id.values()))
+    rules = _CACHE[key][1]
     return [r for r in rules if kind is None or r.kind == kind]

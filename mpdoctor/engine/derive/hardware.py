@@ -417,6 +417,34 @@ _CUDA_KERNELS = re.compile(r"_cuda\b|cuda_|_cuda_|cudnn|cublas", re.I)
 _MPS_KERNELS = re.compile(r"_mps\b|mps_", re.I)
 
 
+_DEVICE_LABEL = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xla": "XLA", "xpu": "XPU", "hpu": "HPU", "npu": "NPU"}
+
+
+def device_flags(device: str | None) -> dict[str, Any]:
+    """'cpu' -> {'device': 'cpu', 'on_cpu': 'CPU'}: the `on_*` fact lets a template
+    sentence render only for that device."""
+    if not device:
+        return {}
+    raw = str(device).strip().strip("'\"")
+    d = raw.lower()
+    d = d.split(":")[0] if d.startswith(("xla", "cuda", "xpu")) else d
+    out: dict[str, Any] = {"device": d}
+    if ":" in raw and d in ("cuda", "xpu"):
+        out["indexed_device"] = raw  # 'cuda:0' where a bare device type was wanted
+    if d in _DEVICE_LABEL:
+        out[f"on_{d}"] = _DEVICE_LABEL[d]
+    return out
+
+
+@deriver("device")
+def device_kind(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    out = device_flags(facts.get("device_raw") or facts.get("device") or facts.get("ac_device"))
+    tv = str(facts.get("torch_version") or "")
+    if re.search(r"\+cpu\b", tv):
+        out["cpu_build"] = tv
+    return out
+
+
 @deriver("half_op")
 def half_op(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -434,16 +462,9 @@ def half_op(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
     elif facts.get("device_hint"):
         hint = str(facts["device_hint"]).lower()
         device = "cpu" if "cpu" in hint else "cuda" if "cuda" in hint else "mps" if "mps" in hint else None
-    if device:
-        out["device"] = device
-    if device == "cpu":
-        out["on_cpu"] = "CPU"
-        if dtype == "float16":
-            out["cpu_half"] = "float16"
-    elif device == "cuda":
-        out["on_cuda"] = "CUDA"
-    elif device == "mps":
-        out["on_mps"] = "MPS"
+    out.update(device_flags(device))
+    if device == "cpu" and dtype == "float16":
+        out["cpu_half"] = "float16"
     if len(hits) > 1:
         ops = []
         for h in hits:

@@ -1,0 +1,149 @@
+"""Tensor dtypes and devices as messages spell them, normalised to one name each.
+
+PyTorch names one dtype many ways depending on the message and the platform:
+`Half`, `c10::Half`, `struct c10::Half` (MSVC), `at::Half`, `torch.cuda.HalfTensor`,
+`CUDAHalfType`, `torch.float16`. Rules read the raw spelling into a fact whose name
+starts with an underscore (`_input`, `_weight`, `_a`) and this deriver turns each into
+clean facts without the underscore:
+
+- a tensor type name (`torch.cuda.HalfTensor`) gives `<name>_dtype` and `<name>_device`;
+- a dtype name (`c10::Half`) gives `<name>` (and `<name>_dtype`);
+- a device (`cuda:0`) gives `<name>` (and `<name>_device`).
+
+Then it compares the first pair it finds (`dtypes`, `half_dtype`, `wide_dtype`,
+`devices`, `gpu_device`, `cpu_side`) so that explanations can say which side is which.
+Pure functions, never raising.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from . import deriver
+
+# Every spelling PyTorch (and C++ compilers' type printers) uses, lower-cased, without
+# namespaces and "struct "/"class " prefixes.
+_DTYPE_ALIASES: dict[str, str] = {
+    "half": "float16", "float16": "float16", "fp16": "float16", "__half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16", "__nv_bfloat16": "bfloat16",
+    "float": "float32", "float32": "float32", "fp32": "float32", "single": "float32",
+    "double": "float64", "float64": "float64", "fp64": "float64",
+    "long": "int64", "int64": "int64", "long int": "int64", "int64_t": "int64", "longlong": "int64",
+    "int": "int32", "int32": "int32", "int32_t": "int32",
+    "short": "int16", "int16": "int16",
+    "char": "int8", "int8": "int8", "signed char": "int8",
+    "byte": "uint8", "uint8": "uint8", "unsigned char": "uint8",
+    "bool": "bool",
+    "complexfloat": "complex64", "complex64": "complex64",
+    "complexdouble": "complex128", "complex128": "complex128",
+    "complexhalf": "complex32",
+    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
+    "float8_e4m3fnuz": "float8_e4m3fnuz", "float8_e5m2fnuz": "float8_e5m2fnuz",
+}
+HALF_DTYPES = ("float16", "bfloat16")
+WIDE_DTYPES = ("float32", "float64")
+
+# torch.cuda.HalfTensor, torch.HalfTensor, torch.xpu.FloatTensor
+_TORCH_TENSOR_TYPE = re.compile(
+    r"^(?:torch\.)?(?:(?P<dev>cuda|xpu|mps|hip|npu)\.)?(?P<t>[A-Za-z0-9]+?)Tensor$"
+)
+# CUDAHalfType, CPUFloatType, MPSFloatType, CUDAFloatTensor (torch 1.0 wording)
+_BACKEND_TYPE = re.compile(r"^(?P<dev>CUDA|CPU|MPS|XPU|HIP|Meta)(?P<t>[A-Za-z0-9]+?)(?:Type|Tensor)$")
+_DEVICE = re.compile(r"^(?P<type>cuda|cpu|mps|xpu|meta|hip|npu|xla|privateuseone)(?::(?P<index>\d+))?$", re.IGNORECASE)
+
+
+def dtype_name(text: str | None) -> str | None:
+    """'struct c10::Half' -> 'float16'; None when it is not a dtype."""
+    if not text:
+        return None
+    s = str(text).strip().strip("'\"`")
+    s = re.sub(r"^(?:struct|class)\s+", "", s)
+    s = re.sub(r"^(?:c\s?10|at|torch|caffe2|std)\s?::\s?", "", s)
+    s = re.sub(r"^torch\.", "", s)
+    return _DTYPE_ALIASES.get(s.lower())
+
+
+def tensor_type(text: str | None) -> tuple[str, str] | None:
+    """'torch.cuda.HalfTensor' -> ('float16', 'cuda'); 'torch.FloatTensor' -> ('float32', 'cpu')."""
+    if not text:
+        return None
+    s = str(text).strip().strip("'\"`")
+    m = _TORCH_TENSOR_TYPE.match(s)
+    if m and s.startswith("torch."):
+        dtype = dtype_name(m.group("t"))
+        if dtype:
+            return dtype, (m.group("dev") or "cpu").lower()
+    m = _BACKEND_TYPE.match(s)
+    if m:
+        dtype = dtype_name(m.group("t"))
+        if dtype:
+            return dtype, m.group("dev").lower()
+    return None
+
+
+def device_name(text: str | None) -> str | None:
+    """'CUDA:0' -> 'cuda:0'; 'cpu' -> 'cpu'; None when it is not a device."""
+    if not text:
+        return None
+    m = _DEVICE.match(str(text).strip().strip("'\"`!.,"))
+    if not m:
+        return None
+    kind = m.group("type").lower()
+    return f"{kind}:{m.group('index')}" if m.group("index") is not None else kind
+
+
+def _device_kind(dev: str) -> str:
+    return dev.split(":")[0]
+
+
+@deriver("tensors")
+def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    dtypes: list[str] = []
+    devices: list[str] = []
+    for key, value in facts.items():
+        if not key.startswith("_") or key.startswith("__") or value in (None, ""):
+            continue
+        name = key[1:]
+        tt = tensor_type(value)
+        if tt is not None:
+            out[f"{name}_dtype"], out[f"{name}_device"] = tt
+            dtypes.append(tt[0])
+            devices.append(tt[1])
+            continue
+        dt = dtype_name(value)
+        if dt is not None:
+            out[name] = dt
+            out.setdefault(f"{name}_dtype", dt)
+            dtypes.append(dt)
+            continue
+        dev = device_name(value)
+        if dev is not None:
+            out[name] = dev
+            out.setdefault(f"{name}_device", dev)
+            devices.append(dev)
+    distinct_dtypes = list(dict.fromkeys(dtypes))
+    if distinct_dtypes:
+        out["dtypes"] = " and ".join(distinct_dtypes)
+    halves = [d for d in distinct_dtypes if d in HALF_DTYPES]
+    wides = [d for d in distinct_dtypes if d in WIDE_DTYPES]
+    if halves:
+        out["half_dtype"] = halves[0]
+    if wides:
+        out["wide_dtype"] = wides[0]
+    if len(halves) == 2:
+        out["both_half"] = "float16 and bfloat16"
+    distinct_devices = list(dict.fromkeys(devices))
+    if distinct_devices:
+        out["devices"] = " and ".join(distinct_devices)
+    gpus = [d for d in distinct_devices if _device_kind(d) != "cpu"]
+    if gpus:
+        out["gpu_device"] = gpus[0]
+    if len(gpus) >= 2 and len({_device_kind(d) for d in gpus}) == 1 and "cpu" not in distinct_devices:
+        out["two_gpus"] = " and ".join(gpus[:2])
+    if gpus and "cpu" in [_device_kind(d) for d in distinct_devices]:
+        out["cpu_side"] = "cpu"
+    if len(distinct_dtypes) >= 2 and len(hits) > 1:
+        out["occurrences"] = len(hits)
+    return out

@@ -1,0 +1,339 @@
+"""Versions as messages spell them: package requirements, CUDA numbers, shared
+libraries and C++ symbols, turned into facts an explanation can state plainly.
+
+- `versions`: `required` (">=0.20.1" or "accelerate>=0.20.1") against `found`;
+  `torch_version` ("2.1.2+cu121") -> `torch_cuda` ("12.1") or a CPU-only build;
+  `built_cuda_number` ("1201") -> `built_cuda`; `attr` of `module` -> the torch
+  release that introduced it; two CUDA versions -> whether their majors differ.
+- `cuda_library`: `lib` ("libcudart.so.12") -> what the library is, the CUDA major it
+  belongs to and the pip wheel that ships it; `symbol` -> the demangled C++ name and
+  whether it belongs to PyTorch (an extension built for another torch) or to a CUDA
+  library (a CUDA component of another release on the library path).
+
+Pure functions, no `packaging` import, never raising.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from . import deriver
+
+_NUM = re.compile(r"\d+")
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """'2.1.0a0+413' -> (2, 1, 0); '0.20.1' -> (0, 20, 1); None when there is no number."""
+    if not text:
+        return None
+    m = re.match(r"\s*v?(\d+(?:\.\d+){0,3})", str(text))
+    if not m:
+        return None
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def compare(a: str | None, b: str | None) -> int | None:
+    """-1, 0, 1 like cmp(a, b) on release numbers; None when one is unreadable.
+    Pre-releases (2.1.0a0) compare below their release, as pip does."""
+    ta, tb = version_tuple(a), version_tuple(b)
+    if ta is None or tb is None:
+        return None
+    n = max(len(ta), len(tb))
+    ta += (0,) * (n - len(ta))
+    tb += (0,) * (n - len(tb))
+    if ta != tb:
+        return -1 if ta < tb else 1
+    pa, pb = _is_pre(a), _is_pre(b)
+    if pa != pb:
+        return -1 if pa else 1
+    return 0
+
+
+def _same_release(a: str, b: str) -> bool:
+    ta, tb = version_tuple(a) or (), version_tuple(b) or ()
+    n = max(len(ta), len(tb))
+    return ta + (0,) * (n - len(ta)) == tb + (0,) * (n - len(tb))
+
+
+def _is_pre(v: str | None) -> bool:
+    return bool(v and re.match(r"\s*v?[\d.]+(?:a|b|rc|dev|\.dev)\d*", str(v)))
+
+
+_SPEC = re.compile(r"^\s*(?P<pkg>[A-Za-z0-9_.\-\[\]]+?)?\s*(?P<op>>=|<=|==|!=|~=|>|<)\s*(?P<ver>[\w.+\-]+)")
+
+
+def parse_requirement(text: str | None) -> tuple[str | None, str, str] | None:
+    """'accelerate>=0.20.1' -> ('accelerate', '>=', '0.20.1'); '>= 2.1' -> (None, '>=', '2.1').
+    Only the first clause of 'tokenizers>=0.14,<0.19' is returned."""
+    if not text:
+        return None
+    m = _SPEC.match(str(text).strip().strip("`'\""))
+    if not m:
+        return None
+    return (m.group("pkg") or None), m.group("op"), m.group("ver")
+
+
+def cuda_from_number(text: str | None) -> str | None:
+    """CUDA versions as integers: '1201' -> '12.1', '11080' -> '11.8' (driver API style)."""
+    if not text or not str(text).isdigit():
+        return None
+    n = int(text)
+    if 1000 <= n < 10000:  # MMmm as xformers and torch.version print it
+        return f"{n // 100}.{n % 100}"
+    if 10000 <= n < 100000:  # MMmmp as CUDA_VERSION / cudaDriverGetVersion
+        return f"{n // 1000}.{(n % 1000) // 10}"
+    return None
+
+
+def cudnn_version(text: str | None) -> str | None:
+    """cuDNN versions as torch prints them: '(8, 9, 2)' -> '8.9.2'; '7102' -> '7.1.2';
+    '90100' -> '9.1.0' (cuDNN 9 packs MAJOR*10000 + MINOR*100 + PATCH)."""
+    if not text:
+        return None
+    s = str(text).strip()
+    parts = _NUM.findall(s)
+    if s.startswith("(") and len(parts) >= 2:
+        return ".".join(parts[:3])
+    if s.isdigit():
+        n = int(s)
+        if n >= 10000:
+            return f"{n // 10000}.{(n % 10000) // 100}.{n % 100}"
+        if n >= 1000:
+            return f"{n // 1000}.{(n % 1000) // 100}.{n % 100}"
+    return None
+
+
+def torch_build(text: str | None) -> dict[str, str]:
+    """'2.1.2+cu121' -> torch_cuda '12.1'; '2.1.2+cpu' -> a CPU-only build."""
+    out: dict[str, str] = {}
+    if not text:
+        return out
+    m = re.search(r"\+cu(\d{2,3})\b", str(text))
+    if m:
+        d = m.group(1)
+        out["torch_cuda"] = f"{d[:-1]}.{d[-1]}"
+    elif re.search(r"\+cpu\b", str(text)):
+        out["torch_cpu_only"] = "a CPU-only build"
+    elif m2 := re.search(r"\+rocm([\d.]+)", str(text)):
+        out["torch_rocm"] = m2.group(1)
+    return out
+
+
+def cuda_major(v: str | None) -> int | None:
+    t = version_tuple(v)
+    return t[0] if t else None
+
+
+# When a torch attribute or module first appeared (release notes; see
+# ../shared/reference/compat-facts.md for the amp ones). Only attributes whose first
+# release is certain are listed: a wrong "added in" is worse than none.
+TORCH_ATTR_SINCE: dict[str, str] = {
+    "compile": "2.0",
+    "float8_e4m3fn": "2.1",
+    "float8_e5m2": "2.1",
+    "compiler": "2.1",
+    "float8_e4m3fnuz": "2.2",
+    "float8_e5m2fnuz": "2.2",
+    "register_pytree_node": "2.2",
+    "GradScaler": "2.3",  # torch.amp.GradScaler (device-agnostic)
+    "uint16": "2.3",
+    "uint32": "2.3",
+    "uint64": "2.3",
+    "register_fake": "2.4",
+    "custom_op": "2.4",
+    "is_autocast_available": "2.4",
+}
+
+
+@deriver("versions")
+def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    req = parse_requirement(facts.get("required"))
+    if req is not None:
+        pkg, op, ver = req
+        if pkg and "package" not in facts:
+            out["package"] = pkg.split("[")[0]
+        out["required_op"] = op
+        out["required_version"] = ver
+        found = facts.get("found")
+        if found:
+            c = compare(found, ver)
+            if c is not None:
+                if op in (">=", ">") and c < 0 or op == ">" and c == 0:
+                    out["comparison"] = "older than"
+                elif op in ("<=", "<") and c > 0 or op == "<" and c == 0:
+                    out["comparison"] = "newer than"
+                elif op == "==" and c != 0:
+                    out["comparison"] = "different from"
+            if _is_pre(found) and c == -1 and _same_release(found, ver):
+                out["prerelease_note"] = (
+                    f"{found} is a pre-release build; version checks treat it as older than {ver}"
+                )
+    for key in ("torch_version", "found_torch", "you_have"):
+        if facts.get(key):
+            for k, v in torch_build(facts[key]).items():
+                out.setdefault(k, v)
+    for key, target in (("built_cuda_number", "built_cuda"), ("cuda_number", "cuda")):
+        v = cuda_from_number(facts.get(key))
+        if v:
+            out[target] = v
+    cc, cr = cudnn_version(facts.get("cudnn_compiled")), cudnn_version(facts.get("cudnn_runtime"))
+    if cc:
+        out["cudnn_compiled_version"] = cc
+    if cr:
+        out["cudnn_runtime_version"] = cr
+    if cc and cr:
+        out["cudnn_runtime_is"] = "older" if compare(cr, cc) == -1 else "newer" if compare(cr, cc) == 1 else "the same"
+    attr = facts.get("attr")
+    if attr and str(facts.get("module", "torch")).split(".")[0] == "torch":
+        since = TORCH_ATTR_SINCE.get(str(attr))
+        if since:
+            out["introduced_in"] = since
+    a, b = facts.get("cuda_a"), facts.get("cuda_b")
+    ma, mb = cuda_major(a), cuda_major(b)
+    if ma is not None and mb is not None:
+        out["cuda_major_differs"] = "yes" if ma != mb else "no"
+        if ma != mb:
+            out["major_mismatch"] = f"CUDA {ma} vs CUDA {mb}"
+        elif a != b:
+            out["minor_mismatch"] = f"{a} vs {b}"
+    return out
+
+
+# --- shared libraries and symbols ---------------------------------------------------
+
+# Library stem -> (what it is, pip wheel stem, whether its soversion is the CUDA major).
+_LIBS: dict[str, tuple[str, str | None, bool]] = {
+    "libcudart": ("the CUDA runtime", "nvidia-cuda-runtime", True),
+    "cudart64": ("the CUDA runtime", "nvidia-cuda-runtime", True),
+    "libcublas": ("cuBLAS", "nvidia-cublas", True),
+    "libcublasLt": ("cuBLASLt", "nvidia-cublas", True),
+    "cublas64": ("cuBLAS", "nvidia-cublas", True),
+    "cublasLt64": ("cuBLASLt", "nvidia-cublas", True),
+    "libnvrtc": ("NVRTC (runtime compilation)", "nvidia-cuda-nvrtc", True),
+    "libnvJitLink": ("nvJitLink", "nvidia-nvjitlink", True),
+    "libcusparse": ("cuSPARSE", "nvidia-cusparse", False),
+    "libcufft": ("cuFFT", "nvidia-cufft", False),
+    "libcurand": ("cuRAND", "nvidia-curand", False),
+    "libcusolver": ("cuSOLVER", "nvidia-cusolver", False),
+    "libcupti": ("CUPTI", "nvidia-cuda-cupti", True),
+    "libnvToolsExt": ("NVTX", "nvidia-nvtx", False),
+    "libnccl": ("NCCL", "nvidia-nccl", False),
+    "libcudnn": ("cuDNN", "nvidia-cudnn", False),
+    "cudnn64": ("cuDNN", "nvidia-cudnn", False),
+    "libcusparseLt": ("cuSPARSELt", "nvidia-cusparselt", False),
+    "libcufile": ("cuFile (GPUDirect Storage)", "nvidia-cufile", False),
+    "libnvshmem_host": ("NVSHMEM", "nvidia-nvshmem", False),
+}
+_LIB_NAME = re.compile(
+    r"(?P<stem>(?:lib)?[A-Za-z][A-Za-z0-9]*?)(?:_(?P<part>[a-z_]+?))?(?:\.so(?:\.(?P<sover>\d+(?:\.\d+){0,2}))?|(?P<win>\d+)?(?:_(?P<winver>\d+))?\.dll)$"
+)
+
+
+def library_info(name: str | None) -> dict[str, str]:
+    """'libcudart.so.12' -> library libcudart, soversion 12, component 'the CUDA runtime',
+    cuda_major 12, pip_package nvidia-cuda-runtime-cu12. Unknown libraries give only
+    their name and soversion."""
+    out: dict[str, str] = {}
+    if not name:
+        return out
+    base = str(name).strip().strip("'\"`").replace("\\", "/").rsplit("/", 1)[-1]
+    m = _LIB_NAME.match(base)
+    if not m:
+        return out
+    stem = m.group("stem")
+    part = m.group("part")
+    if m.group("win") and f"{stem}{m.group('win')}" in _LIBS:  # cublas64_12.dll
+        stem = f"{stem}{m.group('win')}"
+    sover = m.group("sover") or m.group("winver")
+    if stem.startswith("libcudnn") or stem.startswith("cudnn"):
+        key = "libcudnn"
+    else:
+        key = stem if stem in _LIBS else (f"{stem}_{part}" if part and f"{stem}_{part}" in _LIBS else stem)
+    out["library"] = base
+    if sover:
+        out["soversion"] = sover
+    info = _LIBS.get(key) or _LIBS.get(stem)
+    if not info:
+        return out
+    what, wheel, sover_is_cuda = info
+    out["component"] = what
+    major = (sover or "").split(".")[0]
+    if key == "libcudnn" and major:
+        out["cudnn_major"] = major
+        out["component"] = f"cuDNN {major}"
+    if sover_is_cuda and major:
+        out["cuda_major"] = major
+        if wheel and major in ("11", "12", "13"):  # the only CUDA majors with pip wheels
+            out["pip_package"] = f"{wheel}-cu{major}"
+    elif key == "libnccl":
+        out["pip_package"] = "nvidia-nccl-cu12 (or -cu11 for a CUDA 11 build)"
+    elif wheel:
+        out["pip_package"] = f"{wheel}-cu12 (or -cu11 for a CUDA 11 build)"
+    return out
+
+
+def demangle(symbol: str | None) -> str | None:
+    """A minimal Itanium demangler for the nested name of a symbol:
+    '_ZN3c104cuda9SetDeviceEi' -> 'c10::cuda::SetDevice';
+    '_ZN3c105ErrorC2ENS_...' -> 'c10::Error::Error'. None when it is not mangled."""
+    if not symbol:
+        return None
+    s = str(symbol)
+    m = re.match(r"_ZN(?:K|V|r)*", s)
+    if not m:
+        return None
+    i = m.end()
+    parts: list[str] = []
+    while i < len(s):
+        if s[i].isdigit():
+            j = i
+            while j < len(s) and s[j].isdigit():
+                j += 1
+            n = int(s[i:j])
+            parts.append(s[j:j + n])
+            i = j + n
+        elif s.startswith(("C1", "C2", "C3", "D0", "D1", "D2"), i) and parts:
+            parts.append(("~" if s[i] == "D" else "") + parts[-1])
+            i += 2
+        elif s.startswith("St", i):
+            parts.append("std")
+            i += 2
+        else:
+            break
+    return "::".join(parts) if parts else None
+
+
+_TORCH_NAMESPACES = ("c10", "at", "torch", "caffe2", "pybind11")
+
+
+@deriver("cuda_library")
+def cuda_library(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in library_info(facts.get("lib")).items():
+        out[k] = v
+    sym = facts.get("symbol")
+    if sym:
+        name = demangle(sym)
+        if name:
+            out["symbol_name"] = name
+            ns = name.split("::")[0]
+            if ns in _TORCH_NAMESPACES:
+                out["symbol_owner"] = "PyTorch"
+        if "__cxx11" in str(sym) or "cxx11" in str(sym):
+            out["cxx11_abi"] = "yes"
+        jit = re.match(r"__?nvJitLink\w*?_(\d+)_(\d+)$", str(sym))
+        if jit:
+            out["needs_nvjitlink"] = f"{jit.group(1)}.{jit.group(2)}"
+        if str(sym).startswith(("cuda", "cublas", "cudnn", "nccl", "cusparse", "__nvJitLink", "nvJitLink")):
+            out["symbol_owner"] = "a CUDA library"
+    path = str(facts.get("lib_path") or "")
+    m = re.search(r"cuda-(\d+\.\d+)", path)
+    if m:
+        out["system_cuda"] = m.group(1)
+    if "site-packages/nvidia/" in path.replace("\\", "/") or "dist-packages/nvidia/" in path.replace("\\", "/"):
+        out["from_pip_wheel"] = "yes"
+    if facts.get("missing_dep"):
+        out.update({f"dep_{k}": v for k, v in library_info(facts["missing_dep"]).items()})
+    return out

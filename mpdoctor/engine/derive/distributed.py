@@ -98,6 +98,9 @@ def loss_scale_trend(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[
 # --- byte counts ------------------------------------------------------------------
 
 
+HUGE_HOST_REQUEST = 64 * 1024**3
+
+
 @deriver("alloc_bytes")
 def alloc_bytes(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """'you tried to allocate 132426121216 bytes' -> requested = '123.33 GiB'.
@@ -111,11 +114,15 @@ def alloc_bytes(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
             n = int(str(raw).replace(",", ""))
         except ValueError:
             n = None
-    if n is None:
-        n = parse_size(facts.get("size"))
+    if n is None and facts.get("size"):
+        # numpy prints '201. GiB' (a float with nothing after the point)
+        n = parse_size(str(facts["size"]).replace(". ", " ").replace(".G", "G"))
     if n is not None:
         out["requested_bytes"] = n
         out["requested"] = gib(n)
+        if n >= HUGE_HOST_REQUEST:
+            # More than most machines have: usually a shape that went wrong.
+            out["huge_request"] = gib(n)
     if len(hits) > 1:
         out["occurrences"] = len(hits)
     return out
@@ -277,4 +284,23 @@ def cudnn_snippet(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str
         out["dtype"] = _CUDNN_TYPES[str(raw)]
         if out["dtype"] in ("float16", "bfloat16"):
             out["half_precision"] = out["dtype"]
+    return out
+
+
+# --- Apple MPS out-of-memory figures ------------------------------------------------
+
+
+@deriver("mps_oom")
+def mps_oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the MPS limit left: max allowed - PyTorch's allocations - everything else."""
+    out: dict[str, Any] = {}
+    sizes = {k: parse_size(facts.get(k)) for k in ("requested", "mps_allocated", "other_allocations", "max_allowed")}
+    for k, v in sizes.items():
+        if v is not None:
+            out[f"{k}_bytes"] = v
+    alloc, other, limit = sizes["mps_allocated"], sizes["other_allocations"], sizes["max_allowed"]
+    if alloc is not None and other is not None and limit is not None and limit > 0:
+        out["headroom"] = gib(max(0, limit - alloc - other))
+        if other > limit * 0.25:
+            out["other_share"] = f"{100 * other / limit:.0f}%"
     return out

@@ -97,6 +97,37 @@ def _device_kind(dev: str) -> str:
     return dev.split(":")[0]
 
 
+# ATen kernel / wrapper names as messages print them -> the op a user wrote.
+_OP_OF_METHOD = re.compile(r"^(?:wrapper_(?:CUDA_|CPU_|MPS_)?_?|_th_|_thnn_|_cudnn_|cudnn_)?(?P<op>[a-z][a-z0-9_]*?)(?:_forward|_out|_impl)?_?$")
+_OP_KIND: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"^(?:addmm|mm|bmm|baddbmm|addbmm|matmul|linear|mv|addmv|dot)$"), "a matrix multiply (nn.Linear, torch.matmul or @)"),
+    (re.compile(r"^(?:index_select|embedding|embedding_backward|gather|take)$"), "an embedding lookup or indexing (nn.Embedding, index_select, gather)"),
+    (re.compile(r"conv|convolution"), "a convolution"),
+    (re.compile(r"^(?:cat|stack|concat)$"), "torch.cat/stack"),
+    (re.compile(r"norm"), "a normalisation layer"),
+    (re.compile(r"^(?:scaled_dot_product_attention|_scaled_dot_product\w*)$"), "scaled_dot_product_attention"),
+    (re.compile(r"^(?:where|masked_fill|masked_scatter|index_put|index_add|index_copy|scatter\w*)$"), "an indexed write or masked op"),
+]
+
+
+def op_of(method: str | None) -> str | None:
+    """'wrapper_CUDA_addmm' -> 'addmm'; 'wrapper__index_select' -> 'index_select';
+    '_thnn_conv2d_forward' -> 'conv2d'; 'cudnn_convolution_backward_input' -> as is."""
+    if not method:
+        return None
+    m = _OP_OF_METHOD.match(str(method).strip())
+    return m.group("op") if m else None
+
+
+def op_kind(op: str | None) -> str | None:
+    if not op:
+        return None
+    for rx, kind in _OP_KIND:
+        if rx.search(op):
+            return kind
+    return None
+
+
 @deriver("tensors")
 def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -123,6 +154,31 @@ def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
             out[name] = dev
             out.setdefault(f"{name}_device", dev)
             devices.append(dev)
+    pairs = [k[:-len("_dtype")] for k in out if k.endswith("_dtype")]
+    # Per side, so that a sentence can render only for the side that is half (when the
+    # other side is not half too) or wide.
+    n_half = sum(out[f"{name}_dtype"] in HALF_DTYPES for name in pairs)
+    for name in pairs:
+        d = out[f"{name}_dtype"]
+        if d in HALF_DTYPES and n_half == 1:
+            out[f"{name}_half"] = d
+        elif d in WIDE_DTYPES:
+            out[f"{name}_wide"] = d
+        elif d.startswith("float8"):
+            out["fp8_dtype"] = d
+    if len(pairs) >= 2:
+        a, b = pairs[0], pairs[1]
+        if out[f"{a}_dtype"] != out[f"{b}_dtype"]:
+            out["dtype_differs"] = f"{out[f'{a}_dtype']} vs {out[f'{b}_dtype']}"
+        da, db = out.get(f"{a}_device"), out.get(f"{b}_device")
+        if da and db and da != db:
+            out["device_differs"] = f"{da} vs {db}"
+    op = op_of(facts.get("method")) or (str(facts["op"]) if facts.get("op") else None)
+    if op:
+        out["op"] = op
+        kind = op_kind(op)
+        if kind:
+            out["op_kind"] = kind
     distinct_dtypes = list(dict.fromkeys(dtypes))
     if distinct_dtypes:
         out["dtypes"] = " and ".join(distinct_dtypes)

@@ -155,6 +155,11 @@ def nccl_timeout(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str,
     if stuck:
         out["timed_out_ranks"] = ", ".join(str(r) for r in stuck)
         out["timed_out_count"] = len(stuck)
+        world = _number(facts.get("world_size"))
+        if world is not None and 0 < world <= 65536 and max(stuck) < world:
+            missing = sorted(set(range(int(world))) - set(stuck))
+            if missing and len(missing) <= 16:
+                out["silent_ranks"] = ", ".join(str(r) for r in missing)
     seqs = sorted({int(h["seq"]) for h in hits if str(h.get("seq", "")).isdigit()})
     ops = sorted({str(h["op"]) for h in hits if h.get("op")})
     if len(seqs) > 1 or len(ops) > 1:

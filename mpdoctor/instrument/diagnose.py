@@ -97,7 +97,9 @@ def overflow_finding(ow: dict[str, Any]) -> Finding:
         rule="instrument-near-overflow", category="fp16-value-overflow", severity="warning",
         title=f"{where} reached {_num(ow['absmax'])} in {ow['dtype']}, {pct:.0f}% of its largest value",
         explanation=f"At step {ow['step']} the output of {where} reached {_num(ow['absmax'])}; {ow['dtype']} "
-                    f"stops at {_num(ow['limit'])}. A little more growth turns it into Inf.",
+                    f"stops at {_num(ow['limit'])}. A little more growth turns it into Inf."
+                    + (" The large values went on into " + ", ".join(f"`{a}`" for a in ow["also"]) + "."
+                       if ow.get("also") else ""),
         fixes=["Run this module in float32 or train in bf16.",
                "Check what makes it grow: input scale, learning rate, missing normalisation."],
         evidence=[Evidence(text=f"{ow['module']} · forward · step {ow['step']}: |max| {_num(ow['absmax'])} "

@@ -40,6 +40,7 @@ class OverflowWarning:
     absmax: float
     limit: float
     module_type: str = ""
+    also: list[str] = field(default_factory=list)   # modules the large values reached next
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

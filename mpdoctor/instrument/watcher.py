@@ -431,6 +431,7 @@ class Watcher:
     def _analyse(self, meta: list[tuple], values: dict[Any, list[float]], vec_base: dict[Any, int]) -> None:
         first_fwd = first_bwd = first_loss = first_pgrad = None
         skipped: set[int] = set()
+        hot: list[tuple] = []
         loss_by_step: dict[int, float] = {}
         norm_by_step: dict[int, float] = {}
         isfinite = math.isfinite
@@ -447,7 +448,7 @@ class Watcher:
                         absmax = max(-mn, mx)
                         limit = _DTYPE_MAX[dtype]
                         if absmax > OVERFLOW_FRACTION * limit:
-                            self._overflow_warning(mod, step, dtype, absmax, limit)
+                            hot.append((mod, step, dtype, absmax, limit))
                 elif kind != "in" and not finite and first_bwd is None:
                     first_bwd = i
             elif kind == "loss":
@@ -464,12 +465,14 @@ class Watcher:
                 elif seg:
                     norm_by_step.setdefault(step, math.nan if bad else max(seg))
                 if bad and first_pgrad is None:
-                    first_pgrad = (i, aux[1][bad[0]])
+                    first_pgrad = (i, aux[1][bad[0]], "nan" if math.isnan(seg[bad[0]]) else "inf")
             elif kind == "scale":
                 before, after = vals[off], vals[off + 1]
                 self.scaler.add(step, before, after)
                 if after < before:
                     skipped.add(step)
+        if hot:
+            self._overflow_warning(hot)
         if loss_by_step:
             self.last_loss = list(loss_by_step.values())[-1]
         if norm_by_step:
@@ -496,10 +499,10 @@ class Watcher:
                     phase="backward", step=step, dtype=_dtype_name(dtype), kind="nan" if nan else "inf",
                     origin="module" if kind == "gin" else "loss"))
         elif first_pgrad is not None and not (skipped or self._scaler_active()):
-            i, pname = first_pgrad
+            i, pname, what = first_pgrad
             step = meta[i][5]
             module = pname.rsplit(".", 1)[0] if "." in pname else self.name_of(self._primary)
-            self._add_nonfinite(NonFinite(module=module, phase="backward", step=step, dtype="", kind="nan",
+            self._add_nonfinite(NonFinite(module=module, phase="backward", step=step, dtype="", kind=what,
                                           origin="param-grad"))
         if skipped:
             self._emit()
@@ -533,13 +536,18 @@ class Watcher:
         self.nonfinite.append(rec)
         self._emit()
 
-    def _overflow_warning(self, mod: Any, step: int, dtype: Any, absmax: float, limit: float) -> None:
+    def _overflow_warning(self, hot: list[tuple]) -> None:
+        """One warning per step that ran hot, naming the first module (where it started);
+        the modules the large values flowed on into are listed with it."""
+        mod, step, dtype, absmax, limit = hot[0]
         name = self.name_of(mod)
-        if name in self._warned_modules or len(self._warned_modules) > 50:
+        if name in self._warned_modules or len(self.overflow) >= 20:
             return
-        self._warned_modules.add(name)
+        names = list(dict.fromkeys(self.name_of(h[0]) for h in hot))
+        self._warned_modules.update(names)
         self.overflow.append(OverflowWarning(module=name, module_type=type(mod).__name__, step=step,
-                                             dtype=_dtype_name(dtype), absmax=absmax, limit=limit))
+                                             dtype=_dtype_name(dtype), absmax=absmax,
+                                             limit=limit, also=names[1:8]))
         self._emit()
 
     def _emit(self) -> None:

@@ -63,7 +63,7 @@ _OTHER_PREFIXES = (
         r"\[?(?:\d{4}-\d{2}-\d{2}|\d{2}/\d{2}/\d{2,4})[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?"
         r"(?:Z|[+-]\d{2}:?\d{2}| ?[A-Z]{3})?\]?"
         r"(?:\s{0,4}[-|:]?\s{0,4}(?:[\w.]{1,60}\s{1,4}[-|:]\s{1,4})?\[?" + _LEVEL + r"\]?)?"
-        r"(?:\s{0,8}[-|:]\s?(?:[\w.]{1,60}\s[-|:]\s)?|\s{1,8}|$)"
+        r"(?:\s{0,8}[-|:]\s?(?:[\w.]{1,60}\s[-|:]\s|[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?|\s{1,8}|$)"
     ),
     # journald / syslog: "Oct 04 15:02:41 host unit[123]: "
     re.compile(r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: ?"),
@@ -119,7 +119,7 @@ _FLAT_EXC = re.compile(
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
 _ESCAPES = {"n": "\n", "t": "    ", "r": "", '"': '"', "\\": "\\", "/": "/", "'": "'", "b": "", "f": ""}
 _JSON_KEY = re.compile(r'^\s{0,40}[{\[,]{0,4}\s{0,8}"[\w .-]{1,60}":\s{0,4}[{\[]{0,2}\s{0,4}"?')
-_JSON_TAIL = re.compile(r'"\s{0,8}[,}\]]{0,8}\s{0,8}$')
+_JSON_TAIL = re.compile(r'"[\s,}\]"]{0,16}$')
 
 
 @dataclass(slots=True)
@@ -236,6 +236,7 @@ def split_logical(body: str) -> list[str]:
             piece = _JSON_TAIL.sub("", _JSON_KEY.sub("", piece))
             if piece.strip():
                 out.extend(split_logical(piece))
+        out.append("")  # the blob ends here: so does any message read from it
         return out
     if "Traceback (most recent call last)" in body and _FLAT_FRAME.search(body):
         return _unflatten(body)
@@ -287,7 +288,7 @@ class _Stream:
     message_width: int = 0
 
 
-_GUTTER = re.compile(r"^\s*(?:❱\s*)?\d{1,6} [│┃|]")  # rich's code lines: "❱ 13 │ code"
+_GUTTER = re.compile(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13 │ code", "   7 x = 1"
 
 
 def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
@@ -315,7 +316,10 @@ def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
             if _box_line(st, body, no, rank, cleaned, stream, out, flush_box, flush_message):
                 return
         if st.message:
-            if not stripped or _starts_structure(stripped):
+            # The message rich wrapped ends at a blank line, at a new structure, or at a
+            # line that could not have been wrapped at the box's width (a progress bar).
+            if (not stripped or _starts_structure(stripped) or len(body) > st.message_width
+                    or _PROGRESS.search(head)):
                 flush_message(st)
             else:
                 st.message.append(LogLine(no, body, rank, cleaned, stream))
@@ -388,23 +392,23 @@ def _rejoin(lines: list[LogLine], width: int, inner: bool) -> list[LogLine]:
     lines = [ln for ln in lines if ln.text or inner]
     if not inner:
         lines = [ln for ln in lines if ln.text.strip()]
-        if lines:
-            width = max(width, max(len(ln.text) for ln in lines))
     joined: list[LogLine] = []
+    last = ""  # the previous physical line (what rich wrapped), not the text joined so far
     for ln in lines:
-        if joined and width > 20 and ln.text.strip():
-            prev = joined[-1]
-            p = prev.text.rstrip()
+        p = last.rstrip()
+        last = ln.text
+        if joined and width > 20 and ln.text.strip() and p:
             nxt = ln.text.strip()
-            if p and not _GUTTER.match(p) and not _GUTTER.match(ln.text):
+            if not (inner and (_GUTTER.match(p) or _GUTTER.match(ln.text))):
+                prev = joined[-1]
                 first_word = nxt.split(" ", 1)[0]
                 # Rich folds only a word longer than the width, so a folded piece
                 # fills its whole line and has no space in it.
                 if len(p) >= width and " " not in p.lstrip():
-                    prev.text = p + nxt
+                    prev.text = prev.text.rstrip() + nxt
                     continue
                 if len(p) + 1 + len(first_word) > width:
-                    prev.text = p + " " + nxt
+                    prev.text = prev.text.rstrip() + " " + nxt
                     continue
         joined.append(LogLine(ln.no, ln.text, ln.rank, ln.raw, ln.stream))
     return joined

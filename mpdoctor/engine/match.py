@@ -23,12 +23,18 @@ MAX_EVIDENCE_CHARS = 400
 # Below this much text, one str.find per literal beats compiling an alternation.
 _SMALL_TEXT = 1 << 20
 _DIGITS = re.compile(r"\d+")
+# "torch.cuda.OutOfMemoryError: ..." and "OutOfMemoryError: ..." are the same message.
+_QUALIFIED = re.compile(r"^[\"']?(?:[A-Za-z_]\w{0,60}\.){1,8}(?=[A-Z]\w{0,80}:)")
 
 
 @dataclass
 class Hit:
     line: LogLine
     facts: dict[str, Any]
+    # The matched text onwards (numbers masked): what makes two hits the same message,
+    # whatever stands before it on the line (a prefix, a JSON key, a module path).
+    key: str = ""
+    exact: str = ""  # ... and with its numbers, to count distinct unranked sightings
 
 
 @dataclass
@@ -89,7 +95,8 @@ def _window(text: str, literal_pos: int) -> str:
 def _same_message(text: str) -> str:
     """What makes two hits 'the same message': the text with its numbers masked, so the
     same OOM on GPU 0 and GPU 1 (or on eight ranks) is one finding seen N times."""
-    return _DIGITS.sub("#", text.strip())[:MAX_EVIDENCE_CHARS]
+    text = _QUALIFIED.sub("", text.strip()[:MAX_EVIDENCE_CHARS * 2])
+    return _DIGITS.sub("#", text)[:MAX_EVIDENCE_CHARS]
 
 
 class LogMatcher:
@@ -131,7 +138,8 @@ class LogMatcher:
                     if any(u.search(text) for u in rule.unless):
                         break
                     facts = {k: v for k, v in m.groupdict().items() if v is not None}
-                    by_rule.setdefault(ri, []).append(Hit(ln, facts))
+                    by_rule.setdefault(ri, []).append(Hit(ln, facts, _same_message(text[m.start():]),
+                                                          text[m.start():m.start() + MAX_EVIDENCE_CHARS]))
                     break
         return by_rule
 
@@ -194,11 +202,13 @@ class LogMatcher:
         # One evidence line per distinct message (numbers masked); the rest is a count.
         evidence_lines: list[LogLine] = []
         kinds: set[str] = set()
+        used_lines: set[int] = set()
         for h in hits:
-            key = _same_message(h.line.text)
-            if key in kinds:
+            key = h.key
+            if key in kinds or h.line.no in used_lines:
                 continue
             kinds.add(key)
+            used_lines.add(h.line.no)
             if len(evidence_lines) < MAX_EVIDENCE - 1:
                 evidence_lines.append(h.line)
         if tb is not None:
@@ -266,14 +276,14 @@ def _count(hits: list[Hit]) -> int:
     """How many times the finding was seen: once per rank that reported it, and once per
     distinct message among lines with no rank (a launcher repeating a child's error is
     not a second occurrence)."""
+    one_per_line: dict[tuple, Hit] = {}
+    for h in hits:  # a physical line holding a message twice (a JSON blob) is one sighting
+        one_per_line.setdefault((h.line.no, h.line.rank, h.line.stream), h)
+    hits = list(one_per_line.values())
     ranked = {h.line.rank for h in hits if h.line.rank is not None}
-    ranked_texts = {_same_message(h.line.text) for h in hits if h.line.rank is not None}
-    unranked = {_same_message(h.line.text) + str(h.line.stream) for h in hits
-                if h.line.rank is None and _same_message(h.line.text) not in ranked_texts}
-    if ranked:
-        return len(ranked) + len(unranked)
-    texts = {h.line.text.strip() for h in hits}
-    return max(1, len(texts))
+    ranked_keys = {h.key for h in hits if h.line.rank is not None}
+    unranked = {(h.exact, h.line.stream) for h in hits if h.line.rank is None and h.key not in ranked_keys}
+    return max(1, len(ranked) + len(unranked))
 
 
 def _clip(text: str) -> str:

@@ -152,6 +152,11 @@ def gpu_facts(facts: dict[str, Any], mode: str = "plain") -> dict[str, Any]:
         out["no_fp8_gpu" if n < 89 else "fp8_capable_gpu"] = desc
     elif mode == "flash":
         out["no_fa2_gpu" if n < 80 else "fa2_capable_gpu"] = desc
+        if n >= 100:
+            # flash-attn < 2.7.3 accepted only sm_8x and sm_90 (compat-facts §2.2)
+            out["blackwell_gpu"] = desc
+        if n < 75:
+            out["pre_turing_gpu"] = desc
     return out
 
 
@@ -172,7 +177,15 @@ def gpu_fp8(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
 
 @deriver("gpu_flash")
 def gpu_flash(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
-    return gpu_facts(facts, "flash")
+    out = gpu_facts(facts, "flash")
+    dtype = dtype_name(facts.get("dtype_raw"))
+    if dtype:
+        out["dtype"] = dtype
+        if dtype in ("float32", "float64"):
+            out["full_precision"] = dtype
+        elif dtype == "bfloat16" and "no_fa2_gpu" in out:
+            out["bf16_on_old_gpu"] = out["no_fa2_gpu"]
+    return out
 
 
 # -- which build has kernels for a GPU (compat-facts §4-5) ----------------------------

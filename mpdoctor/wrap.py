@@ -558,9 +558,16 @@ def rank_summary(records: list[Any]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"rank": r.rank, "pid": r.pid, "step": step}
         if exc is not None:
             text = exc.get("exception", "")
-            timeout = any(w in text for w in ("timed out", "Timeout", "timeout", "DistBackendError",
-                                               "Connection closed by peer", "Connection reset by peer"))
-            entry["status"] = "timed out" if timeout else ("failed first" if r.rank == first_rank else "failed")
+            if any(w in text for w in ("timed out", "Timeout", "timeout")):
+                status = "timed out"
+            elif any(w in text for w in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                                         "NCCL communicator was aborted")):
+                status = "lost its peer"
+            else:
+                status = "failed first" if r.rank == first_rank else "failed"
+            if status in ("timed out", "lost its peer") and where:
+                status = f"waited ({where.removeprefix('in ')}), {status}"
+            entry["status"] = status + (" and was killed" if r.exit is None else "")
             entry["exception"] = text
             if exc.get("module"):
                 entry["module"] = exc["module"]

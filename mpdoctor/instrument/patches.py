@@ -23,7 +23,10 @@ def register(watcher: Any, auto: bool = False) -> None:
     if auto:
         _AUTO.append(watcher)
     install_torch()
-    if "accelerate" in sys.modules:
+    # accelerate may be half-way through its own __init__ (it imports torch): patch it
+    # now only if it is complete; otherwise the import hook calls us when it is.
+    acc = sys.modules.get("accelerate.accelerator")
+    if acc is not None and hasattr(acc, "Accelerator"):
         install_accelerate()
 
 
@@ -121,12 +124,13 @@ def install_accelerate() -> None:
     """Called when `accelerate` has been imported (or at registration if it already is)."""
     if "accelerate" in _INSTALLED:
         return
-    _INSTALLED.add("accelerate")
-    try:
-        from accelerate import accelerator as acc_mod
-    except Exception:
-        return
-    cls = acc_mod.Accelerator
+    acc_mod = sys.modules.get("accelerate.accelerator")
+    cls = getattr(acc_mod, "Accelerator", None)
+    if cls is None:
+        try:
+            from accelerate.accelerator import Accelerator as cls
+        except Exception:
+            return
 
     def init(orig: Callable) -> Callable:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -144,6 +148,7 @@ def install_accelerate() -> None:
 
     _wrap(cls, "__init__", init)
     _wrap(cls, "prepare", prepare)
+    _INSTALLED.add("accelerate")
 
 
 _COLLECTIVES = ("all_reduce", "barrier", "broadcast", "all_gather", "all_gather_object", "gather",

@@ -221,12 +221,15 @@ def exit_status(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
         out["signal"] = name
         if name in _MEANING:
             out["signal_meaning"] = _MEANING[name]
-    if code is not None:
-        try:
-            if int(str(code)) == 1:
-                out["python_exception"] = "yes"
-        except ValueError:
-            pass
+    if name and name in _MEANING:
+        out["exit_meaning"] = f"the worker was killed by {name} ({_MEANING[name]})"
+    elif name:
+        out["exit_meaning"] = f"the worker was killed by {name}"
+    elif code is not None and str(code).strip() == "1":
+        out["exit_meaning"] = ("the worker raised a Python exception; its own traceback, printed by "
+                               "that rank, is the error to read")
+    elif code is not None and str(code).strip() not in ("0", ""):
+        out["exit_meaning"] = "the worker called exit() with this status or died in native code"
     return out
 
 

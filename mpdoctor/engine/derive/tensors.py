@@ -203,3 +203,44 @@ def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
     if len(distinct_dtypes) >= 2 and len(hits) > 1:
         out["occurrences"] = len(hits)
     return out
+
+
+# --- non-finite values -----------------------------------------------------------------
+
+# Backward functions whose gradient is infinite/undefined at a point a training run can
+# reach, with the usual guard. (Anomaly mode names the backward of the forward op.)
+_SINGULAR_GRADS: dict[str, str] = {
+    "sqrt": "the gradient of sqrt is infinite at 0: use `torch.sqrt(x + eps)` or `x.clamp_min(eps).sqrt()`",
+    "rsqrt": "the gradient of rsqrt is infinite at 0: add an epsilon inside (`torch.rsqrt(x + eps)`)",
+    "pow": "x ** p with p < 1 (or a fractional power of a value that can be 0 or negative) has an infinite or NaN gradient: clamp the base (`x.clamp_min(eps) ** p`)",
+    "norm": "the gradient of a norm is NaN when the vector is all zeros: use `F.normalize(x, eps=...)` or `torch.linalg.vector_norm(x + eps)`",
+    "linalgvectornorm": "the gradient of a norm is NaN when the vector is all zeros: add an epsilon",
+    "div": "a division by zero (or by a value that underflowed to 0 in fp16): add an epsilon to the denominator",
+    "log": "log(0) = -inf: use `torch.log(x + eps)`, `torch.log1p`, or work with logits (`log_softmax`, `BCEWithLogitsLoss`)",
+    "acos": "acos/asin have infinite gradients at ±1: clamp the input to `[-1 + eps, 1 - eps]`",
+    "asin": "acos/asin have infinite gradients at ±1: clamp the input to `[-1 + eps, 1 - eps]`",
+    "atan2": "atan2(0, 0) has an undefined gradient: add an epsilon",
+    "logsoftmax": "log_softmax of a row that is all -inf (a fully masked attention row) is NaN: make sure every row keeps one unmasked position",
+    "softmax": "softmax of a row that is all -inf (a fully masked row) is NaN: make sure every row keeps one unmasked position",
+    "exp": "exp overflows to inf for large inputs (in fp16 already above ~11): compute it in float32 or subtract the maximum first",
+}
+
+
+@deriver("nonfinite")
+def nonfinite(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    fn = facts.get("function")
+    if fn:
+        m = re.match(r"^(?P<op>[A-Za-z0-9_]+?)Backward\d*$", str(fn))
+        if m:
+            op = m.group("op")
+            out["forward_op"] = op
+            hint = _SINGULAR_GRADS.get(op.lower().replace("_", ""))
+            if hint:
+                out["op_hint"] = hint
+    if len(hits) > 1:
+        out["occurrences"] = len(hits)
+        values = [str(h.get("value")) for h in hits if h.get("value")]
+        if values:
+            out["values_seen"] = ", ".join(dict.fromkeys(values))
+    return out

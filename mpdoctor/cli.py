@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
             "the rule, its category, why it happens, what to change, and the exact log lines.\n\n"
             "  mpdoctor explain train.log\n"
             "  torchrun ... 2>&1 | mpdoctor explain -\n"
-            "  mpdoctor explain crash.txt --format markdown   # paste into an issue"
+            "  mpdoctor explain crash.txt --format markdown   # paste into an issue\n"
+            "  mpdoctor explain train.log --format json       # stable, for scripts\n\n"
+            "Your own rules: --rules DIR or MPDOCTOR_RULES_PATH=DIR[:DIR...] (see `mpdoctor rules`).\n"
+            "Colours follow the terminal; NO_COLOR=1 turns them off."
         ),
     )
     p.add_argument("path", metavar="PATH", help="the log file, or - for standard input")
@@ -69,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rules", help="list, show and test the rule base",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="exit status:\n  0  done (rules test: every case passed)\n"
+                              "  1  rules test: a case failed\n  2  a rule file is malformed, or the arguments are wrong\n",
                        description="The knowledge mpdoctor uses, as data under rules/.\n\n"
                                    "  mpdoctor rules list\n  mpdoctor rules show cuda-oom\n"
                                    "  mpdoctor rules test            # every rule's examples\n"
@@ -160,8 +165,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "rules":
             from .commands import rules_main
 
-            if args.rules_command is None:
-                parser.parse_args(["rules", "--help"])
+            if args.rules_command is None:  # `mpdoctor rules` alone: its help, as an error
+                import contextlib
+                import io
+
+                buf = io.StringIO()
+                with contextlib.redirect_stdout(buf):
+                    try:
+                        parser.parse_args(["rules", "--help"])
+                    except SystemExit:
+                        pass
+                sys.stderr.write(buf.getvalue())
+                return 2
             return rules_main(args)
         if args.command == "check":
             from .check import check_main

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from argparse import Namespace
 
 from .engine.rules import Rule, RuleError, load_dir, load_rules
@@ -23,7 +25,65 @@ def load_or_fail(extra: list[str]) -> list[Rule] | int:
         return fail(f"bad rule: {exc}")
 
 
+class ProgressLine:
+    """'reading train.log: 312 MB of 500 MB (62%)' on stderr, only when stderr is a
+    terminal and only once reading has taken a moment (MPDOCTOR_PROGRESS_AFTER seconds,
+    1.5 by default), so that short runs and pipes never see it."""
+
+    def __init__(self, name: str, stream=None):
+        self.name = name
+        self.stream = stream or sys.stderr
+        self.started = time.monotonic()
+        try:
+            self.after = float(os.environ.get("MPDOCTOR_PROGRESS_AFTER", "1.5"))
+        except ValueError:
+            self.after = 1.5
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.shown = False
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.started < self.after or now - self.last < 0.2:
+            return
+        self.last = now
+        mb = done / 1e6
+        if total:
+            text = f"reading {self.name}: {mb:,.0f} MB of {total / 1e6:,.0f} MB ({100 * done / total:.0f}%)"
+        else:
+            text = f"reading {self.name}: {mb:,.0f} MB"
+        self.stream.write(f"\rmpdoctor: {text}\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _internal_error(exc: BaseException) -> int:
+    """Last resort: one clear line instead of mpdoctor's own traceback."""
+    if os.environ.get("MPDOCTOR_DEBUG") == "1":
+        raise exc
+    return fail(f"internal error ({type(exc).__name__}: {exc}); rerun with MPDOCTOR_DEBUG=1 "
+                "to see where, and please report it")
+
+
 def explain_main(args: Namespace) -> int:
+    try:
+        return _explain(args)
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except RecursionError as exc:
+        return _internal_error(exc)
+    except MemoryError:
+        return fail("not enough memory to read this log")
+    except Exception as exc:  # never a traceback of mpdoctor itself
+        return _internal_error(exc)
+
+
+def _explain(args: Namespace) -> int:
     from .explain import explain_path
     from .render import emit
     from .scan import InputError
@@ -31,10 +91,13 @@ def explain_main(args: Namespace) -> int:
     rules = load_or_fail(args.rules)
     if isinstance(rules, int):
         return rules
+    progress = ProgressLine("standard input" if args.path == "-" else os.path.basename(args.path))
     try:
-        report = explain_path(args.path, rules)
+        report = explain_path(args.path, rules, progress)
     except InputError as exc:
+        progress.done()
         return fail(str(exc))
+    progress.done()
     if args.snapshot or args.here:
         try:
             from .env.sharpen import sharpen_report
@@ -50,6 +113,15 @@ def explain_main(args: Namespace) -> int:
 
 
 def rules_main(args: Namespace) -> int:
+    try:
+        return _rules(args)
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as exc:  # never a traceback of mpdoctor itself
+        return _internal_error(exc)
+
+
+def _rules(args: Namespace) -> int:
     rules = load_or_fail(args.rules)
     if isinstance(rules, int):
         return rules
@@ -88,40 +160,70 @@ def _rules_list(rules: list[Rule], args: Namespace) -> int:
     return EXIT_OK
 
 
-def rule_doc_markdown(rule: Rule) -> str:
-    """A rule's page, in ruff's shape: what it detects, why, example, fix, references."""
+def _placeholders(template: str) -> str:
+    """A template shown as documentation: {requested} -> <requested>."""
+    import re
+
+    return re.sub(r"\{(\w+)[^{}]*\}", r"<\1>", template)
+
+
+def rule_doc_markdown(rule: Rule, rules: list[Rule] | None = None) -> str:
+    """A rule's page in ruff's shape: what it detects, why it happens, known problems,
+    an example (with what mpdoctor reports on it), the fix, a look-alike, references."""
     from .engine.selftest import example_text
 
-    out = [f"# {rule.id}", "", f"**{rule.title}**", "",
-           f"category `{rule.category}` · severity {rule.severity} · {rule.kind} rule · `{rule.path}`", ""]
+    out = [f"# {rule.id}", "", f"**{_placeholders(rule.title)}**", "",
+           f"category `{rule.category}` · severity {rule.severity} · {rule.kind} rule", ""]
     if rule.versions:
         out += [f"Versions: {rule.versions}", ""]
-    sections = [("What it detects", rule.doc.get("detects") or rule.summary),
-                ("Why it happens", rule.doc.get("why", "")),
-                ("Known problems", rule.doc.get("known_problems", ""))]
-    for name, body in sections:
+    for name, body in (("What it detects", rule.doc.get("detects") or rule.summary),
+                       ("Why it happens", rule.doc.get("why", "")),
+                       ("Known problems", rule.doc.get("known_problems", ""))):
         if body:
             out += [f"## {name}", "", body, ""]
     if rule.examples:
         ex = rule.examples[0]
         out += ["## Example", ""]
+        if ex.note:
+            out += [ex.note, ""]
         if ex.snapshot:
-            out += [f"The snapshot `{ex.snapshot}`.", ""]
+            out += [f"The environment snapshot `{ex.snapshot}`.", ""]
         else:
             try:
                 text = example_text(rule, ex)
             except OSError:
                 text = f"(example file {ex.file} not found)"
             lines = text.strip("\n").split("\n")
-            shown = "\n".join(lines[-25:])
-            out += ["```text", shown, "```", ""]
+            out += ["```text", "\n".join(lines[-25:]), "```", ""]
+            if rule.kind == "log":
+                from .explain import explain_text
+
+                try:
+                    report = explain_text(text, rules if rules is not None else [rule])
+                except Exception:  # the page is still useful without it
+                    report = None
+                found = [f for f in report.findings if f.rule == rule.id] if report else []
+                if found:
+                    f = found[0]
+                    out += ["mpdoctor reports:", "", f"> **{f.title}**", ">"]
+                    out += [f"> {f.explanation}", ""] if f.explanation else [""]
     if rule.fixes:
-        out += ["## Fix", ""] + [f"{i}. {f}" for i, f in enumerate(rule.fixes, 1)] + [""]
+        out += ["## Fix", ""] + [f"{i}. {_placeholders(f)}" for i, f in enumerate(rule.fixes, 1)] + [""]
     if rule.doc.get("fix"):
         out += [rule.doc["fix"], ""]
+    if rule.near_misses and rule.kind == "log":
+        nm = rule.near_misses[0]
+        try:
+            text = example_text(rule, nm)
+        except OSError:
+            text = ""
+        if text.strip():
+            out += ["## Not this rule", ""] + ([nm.note, ""] if nm.note else [])
+            out += ["```text", "\n".join(text.strip("\n").split("\n")[-12:]), "```", ""]
     if rule.references:
         out += ["## References", ""] + [f"- <{r}>" for r in rule.references] + [""]
-    out += [f"{len(rule.examples)} example(s), {len(rule.near_misses)} near miss(es): `mpdoctor rules test`.", ""]
+    out += [f"{len(rule.examples)} example(s), {len(rule.near_misses)} near miss(es), tested by "
+            f"`mpdoctor rules test` · `{rule.path}`", ""]
     return "\n".join(out)
 
 
@@ -136,7 +238,7 @@ def _rules_show(rules: list[Rule], args: Namespace) -> int:
         close = difflib.get_close_matches(args.rule_id, list(by_id), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `mpdoctor rules list`"
         return fail(f"no rule {args.rule_id!r}{hint}")
-    doc = rule_doc_markdown(rule)
+    doc = rule_doc_markdown(rule, rules)
     if args.format == "json":
         sys.stdout.write(json.dumps({"id": rule.id, "kind": rule.kind, "category": rule.category,
                                      "severity": rule.severity, "title": rule.title, "doc": rule.doc,
@@ -161,7 +263,9 @@ def _rules_test(rules: list[Rule], args: Namespace) -> int:
     only = None
     if args.dir:
         try:
-            extra = load_dir(__import__("pathlib").Path(args.dir))
+            from pathlib import Path
+
+            extra = load_dir(Path(args.dir))
         except RuleError as exc:
             return fail(f"bad rule: {exc}")
         ids = {r.id for r in extra}

@@ -13,7 +13,7 @@ from .engine.match import LogMatcher
 from .engine.rules import Rule, load_rules
 from .findings import Report
 from .logtext import LogLine, normalise, segment
-from .scan import read_log
+from .scan import Progress, read_log
 
 # The matcher of the last few rule lists (the list is kept, so its id stays its own).
 _MATCHERS: dict[int, tuple[list[Rule], LogMatcher]] = {}
@@ -43,11 +43,13 @@ def explain_text(text: str, rules: list[Rule] | None = None) -> Report:
     return report
 
 
-def explain_path(path: str | Path, rules: list[Rule] | None = None) -> Report:
-    """Explain a file (or '-' for stdin) of any size. Raises scan.InputError."""
+def explain_path(path: str | Path, rules: list[Rule] | None = None, progress: Progress | None = None) -> Report:
+    """Explain a file (or '-' for stdin) of any size. Raises scan.InputError.
+
+    `progress(bytes_read, total)` is called while a big log is being read."""
     rules = load_rules() if rules is None else rules
     matcher = matcher_for(rules)
-    log = read_log(str(path), matcher.index.owners.keys())
+    log = read_log(str(path), matcher.index.owners.keys(), progress)
     lines: list[LogLine] = []
     for first_no, text in log.regions:
         lines.extend(normalise(text, first_no))

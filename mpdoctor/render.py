@@ -39,7 +39,7 @@ def _evidence_label(line: int | None, source: str) -> str:
 def to_markdown(report: Report, heading: str = "mpdoctor") -> str:
     out: list[str] = [f"## {heading}", ""]
     if not report.findings:
-        out.append("No mixed-precision or GPU problem found.")
+        out.append(_nothing_found(report))
         out.append("")
     for i, f in enumerate(report.findings, 1):
         count = f" (×{f.count}" + (f", ranks {', '.join(map(str, f.ranks))}" if f.ranks else "") + ")" if f.count > 1 else ""
@@ -75,9 +75,7 @@ def to_markdown(report: Report, heading: str = "mpdoctor") -> str:
         out.append("### Not recognised")
         out.append("")
         for u in report.unrecognised:
-            where = f" (from {u.user_frame})" if u.user_frame else ""
-            times = f" ×{u.count}" if u.count > 1 else ""
-            out.append(f"- line {u.line}: `{u.exception}`{where}{times}")
+            out.append(f"- line {u.line}: `{u.exception}`{_unrecognised_tail(u)}")
         out.append("")
     return "\n".join(out)
 
@@ -91,7 +89,8 @@ def print_terminal(report: Report, console: Any, heading: str | None = None) -> 
     if heading:
         console.print(Text(heading, style="bold"))
     if not report.findings:
-        console.print(Text("✓ No mixed-precision or GPU problem found.", style="green"))
+        console.print(Text(("✓ " if not report.unrecognised else "") + _nothing_found(report),
+                           style="green" if not report.unrecognised else "yellow"))
     for f in report.findings:
         body = Text()
         body.append(f.title + "\n", style="bold")
@@ -118,15 +117,33 @@ def print_terminal(report: Report, console: Any, heading: str | None = None) -> 
         title = f"{SYMBOL[f.severity]} {f.severity}{count}{ranks} · {f.category} · {f.rule}"
         console.print(Panel(body, title=escape(title), title_align="left", border_style=STYLE[f.severity]))
     for u in report.unrecognised:
-        where = f" (from {u.user_frame})" if u.user_frame else ""
-        times = f" ×{u.count}" if u.count > 1 else ""
-        console.print(Text(f"? not recognised, line {u.line}: {u.exception}{where}{times}", style="dim"))
+        line = Text("? not recognised, ", style="yellow")
+        line.append(f"line {u.line}: ", style="dim")
+        line.append(u.exception)
+        line.append(_unrecognised_tail(u), style="dim")
+        console.print(line)
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
     infos = sum(f.severity == "info" for f in report.findings)
     if report.findings:
         console.print(Text(f"{len(report.findings)} finding(s): {errors} error, {warnings} warning, {infos} info",
                            style="bold"))
+
+
+def _nothing_found(report: Report) -> str:
+    if report.unrecognised:
+        return ("No mixed-precision or GPU problem recognised. The error below is outside what "
+                "mpdoctor knows:" if len(report.unrecognised) == 1 else
+                "No mixed-precision or GPU problem recognised. The errors below are outside what "
+                "mpdoctor knows:")
+    return "No mixed-precision or GPU problem found."
+
+
+def _unrecognised_tail(u: Any) -> str:
+    where = f" (in {u.user_frame})" if u.user_frame else ""
+    times = f" ×{u.count}" if u.count > 1 else ""
+    ranks = f" (ranks {', '.join(map(str, u.ranks))})" if getattr(u, "ranks", None) else ""
+    return where + times + ranks
 
 
 def make_console(stderr: bool = False) -> Any:
@@ -147,3 +164,120 @@ def emit(report: Report, fmt: str, *, stderr: bool = False, heading: str = "mpdo
     else:
         print_terminal(report, make_console(stderr=stderr))
     stream.flush()
+
+
+# --- check's checklist: one line per area, the fix beneath (report.extra["checklist"]) ---
+
+CHECK_SYMBOL = {"ok": "✓", "warning": "!", "error": "✗", "skipped": "–", "info": "i"}
+CHECK_STYLE = {"ok": "green", "warning": "yellow", "error": "bold red", "skipped": "dim", "info": "cyan"}
+
+
+def _mode_text(m: dict[str, Any]) -> str:
+    runs = m.get("runs_as") or "—"
+    reason = f": {m['reason']}" if m.get("reason") and m["status"] != "ok" else ""
+    return f"{m['mode']:<5} runs as {runs}{reason}"
+
+
+def _fp8_rows(fp8: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(r["backend"], r.get("installed") or "not installed",
+             "usable" if r["usable"] else r.get("verdict", "")) for r in fp8]
+
+
+def _skips_by_reason(skipped: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    grouped: dict[str, list[str]] = {}
+    for s in skipped:
+        grouped.setdefault(s["reason"], []).append(s["rule"])
+    return list(grouped.items())
+
+
+def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check") -> None:
+    """The glanceable form of `mpdoctor check`: environment, precision plan, one line
+    per area (✓ / ! / ✗ / – skipped) with each finding's first fix beneath."""
+    from rich.text import Text
+
+    c = report.extra.get("checklist", {})
+    console.print(Text(heading, style="bold"))
+    for line in c.get("environment", []):
+        console.print(Text("  " + line, style="dim"))
+    console.print(Text("Precision plan", style="bold"))
+    for line in c.get("plan", []):
+        console.print(Text("  " + line))
+    for m in c.get("modes", []):
+        t = Text("  ")
+        t.append(CHECK_SYMBOL.get(m["status"], "?") + " ", style=CHECK_STYLE.get(m["status"], ""))
+        t.append(_mode_text(m))
+        console.print(t)
+    console.print(Text("Checklist", style="bold"))
+    for area in c.get("areas", []):
+        t = Text(" ")
+        t.append(CHECK_SYMBOL[area["status"]] + " ", style=CHECK_STYLE[area["status"]])
+        t.append(area["title"], style="bold" if area["status"] in ("error", "warning") else "")
+        if area.get("summary"):
+            t.append("  " + area["summary"], style="dim")
+        console.print(t)
+        for item in area.get("items", []):
+            sym = SYMBOL.get(item["severity"], "?")
+            count = f" (×{item['count']})" if item.get("count", 1) > 1 else ""
+            line = Text("     ")
+            line.append(f"{sym} ", style=STYLE.get(item["severity"], ""))
+            line.append(item["title"] + count)
+            line.append(f"  [{item['rule']}]", style="dim")
+            console.print(line)
+            if item.get("fix"):
+                console.print(Text("       → " + item["fix"], style="cyan"))
+    if c.get("fp8"):
+        console.print(Text("fp8 backends", style="bold"))
+        for name, installed, verdict in _fp8_rows(c["fp8"]):
+            console.print(Text(f"  {name:<18} {installed:<16} {verdict}"))
+    probe = report.extra.get("probe") or {}
+    if probe.get("lines"):
+        console.print(Text("Probe", style="bold"))
+        for line in probe["lines"]:
+            console.print(Text("  " + line))
+    skipped = c.get("skipped", [])
+    if skipped:
+        console.print(Text(f"Skipped ({len(skipped)}): not judged here, neither passed nor failed", style="bold"))
+        for reason, rules in _skips_by_reason(skipped):
+            console.print(Text(f"  – {reason}: {', '.join(rules)}", style="dim"))
+    errors = sum(f.severity == "error" for f in report.findings)
+    warnings = sum(f.severity == "warning" for f in report.findings)
+    infos = sum(f.severity == "info" for f in report.findings)
+    style = "bold red" if errors else ("yellow" if warnings else "green")
+    console.print(Text(f"{errors} error(s), {warnings} warning(s), {infos} note(s) — "
+                       "details: --format markdown or json", style=style))
+
+
+def to_checklist_markdown(report: Report, heading: str = "mpdoctor check") -> str:
+    """The block a user pastes into a bug report: the checklist, then every finding."""
+    c = report.extra.get("checklist", {})
+    out = [f"## {heading}", "", "**Environment**", ""]
+    out += [f"- {line}" for line in c.get("environment", [])] + ["", "**Precision plan**", ""]
+    out += [f"- {line}" for line in c.get("plan", [])]
+    if c.get("modes"):
+        out += ["", "| mode | verdict | runs as | why |", "|---|---|---|---|"]
+        for m in c["modes"]:
+            out.append(f"| {m['mode']} | {CHECK_SYMBOL.get(m['status'], '?')} {m['status']} | "
+                       f"{m.get('runs_as') or '—'} | {m.get('reason') or ''} |")
+    out += ["", "**Checklist**", ""]
+    for area in c.get("areas", []):
+        summary = f" — {area['summary']}" if area.get("summary") else ""
+        out.append(f"- {CHECK_SYMBOL[area['status']]} **{area['title']}**{summary}")
+        for item in area.get("items", []):
+            count = f" (×{item['count']})" if item.get("count", 1) > 1 else ""
+            out.append(f"  - {SYMBOL.get(item['severity'], '?')} {item['title']}{count} (`{item['rule']}`)")
+            if item.get("fix"):
+                out.append(f"    - fix: {item['fix']}")
+    if c.get("fp8"):
+        out += ["", "**fp8 backends**", "", "| backend | installed | verdict |", "|---|---|---|"]
+        out += [f"| {a} | {b} | {v} |" for a, b, v in _fp8_rows(c["fp8"])]
+    probe = report.extra.get("probe") or {}
+    if probe.get("lines"):
+        out += ["", "**Probe**", ""] + [f"    {line}" for line in probe["lines"]]
+    if c.get("skipped"):
+        out += ["", "<details><summary>Skipped checks (not judged here)</summary>", ""]
+        out += [f"- {reason}: " + ", ".join(f"`{r}`" for r in rules) for reason, rules in _skips_by_reason(c["skipped"])]
+        out += ["", "</details>"]
+    out.append("")
+    if report.findings:
+        out.append(to_markdown(report, "Findings").replace("## Findings", "### Findings", 1))
+    return "\n".join(out)

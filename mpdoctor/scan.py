@@ -14,7 +14,9 @@ import re
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Callable, Iterable
+
+Progress = Callable[[int, "int | None"], None]  # (bytes read so far, total size or None)
 
 WHOLE_LIMIT = 16 * 1024 * 1024
 CHUNK = 64 * 1024 * 1024
@@ -73,28 +75,43 @@ def open_input(path: str) -> tuple[BinaryIO, str, int | None]:
     return fh, path, size
 
 
-def read_log(path: str, literals: Iterable[str]) -> LogInput:
+def read_log(path: str, literals: Iterable[str], progress: Progress | None = None) -> LogInput:
+    """Read a log (or '-' for stdin): whole when small, candidate regions when big."""
     fh, name, size = open_input(path)
     try:
         head = fh.read(WHOLE_LIMIT + 1)
     except OSError as exc:
+        if fh is not sys.stdin.buffer:
+            fh.close()
         raise InputError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+    except MemoryError:
+        raise InputError(f"{name}: not enough memory to read it") from None
     if not head:
+        if fh is not sys.stdin.buffer:
+            fh.close()
         raise InputError(f"{name} is empty: there is nothing to explain")
     if looks_binary(head[:65536]):
+        if fh is not sys.stdin.buffer:
+            fh.close()
         raise InputError(f"{name} looks like a binary file, not a text log")
     info = {"path": name, "bytes": size if size is not None else len(head)}
     if len(head) <= WHOLE_LIMIT:
+        if fh is not sys.stdin.buffer:
+            fh.close()
         text = decode(head)
         info.update(lines=text.count("\n") + (0 if text.endswith("\n") else 1), scanned="whole")
         return LogInput([(1, text)], info)
     scanner = RegionScanner(list(literals) + list(TRIGGERS))
     try:
         scanner.feed(head)
+        done = len(head)
         while True:
+            if progress is not None:
+                progress(done, size)
             chunk = fh.read(CHUNK)
             if not chunk:
                 break
+            done += len(chunk)
             scanner.feed(chunk)
     except OSError as exc:
         raise InputError(f"{name}: read failed ({exc.strerror or exc})") from None

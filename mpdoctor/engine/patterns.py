@@ -42,6 +42,8 @@ except ImportError:  # Python 3.10
     )
 
 POSSESSIVE_REPEAT = getattr(sre_parse, "POSSESSIVE_REPEAT", None)
+_SINGLE_CHAR = tuple(x for x in (getattr(sre_parse, "ANY", None), getattr(sre_parse, "NOT_LITERAL", None),
+                                 getattr(sre_parse, "CATEGORY", None)) if x is not None)
 ATOMIC_GROUP = getattr(sre_parse, "ATOMIC_GROUP", None)
 
 MIN_LITERAL = 3
@@ -118,20 +120,27 @@ def _seq_required(seq: list) -> list[str] | None:
 
 
 def check_bounded(pattern: str) -> None:
-    """Reject nested unbounded quantifiers such as (a+)+ or (\\s*x*)*."""
+    """Reject nested repetition that can backtrack exponentially: (a+)+, (\\s*x*)*,
+    (?:\\w+\\s?)+. A repeated group is safe when each round must consume something
+    outside its own inner repetitions (a literal, a character class): (?:foo\\s+)+."""
     parsed = sre_parse.parse(pattern)
     _walk(list(parsed), inside_unbounded=False)
 
 
+def _is_repeat(op) -> bool:
+    return op in (MAX_REPEAT, MIN_REPEAT) or (POSSESSIVE_REPEAT is not None and op is POSSESSIVE_REPEAT)
+
+
 def _walk(seq: list, inside_unbounded: bool) -> None:
     for op, av in seq:
-        if op in (MAX_REPEAT, MIN_REPEAT) or (POSSESSIVE_REPEAT is not None and op is POSSESSIVE_REPEAT):
+        if _is_repeat(op):
             lo, hi, body = av
             unbounded = hi is MAXREPEAT or hi > 100
-            if unbounded and inside_unbounded and _can_repeat(list(body)):
+            if unbounded and _can_repeat(list(body)) and not _has_mandatory(list(body)):
                 raise PatternError(
                     "nests an unbounded repetition inside another one, which can take "
-                    "exponential time; make the inner part bounded, e.g. {0,80}"
+                    "exponential time; make each round consume fixed text, or bound the "
+                    "inner part, e.g. {0,80}"
                 )
             _walk(list(body), inside_unbounded or unbounded)
         elif op is SUBPATTERN:
@@ -148,13 +157,25 @@ def _walk(seq: list, inside_unbounded: bool) -> None:
 def _can_repeat(body: list) -> bool:
     """True when the body itself contains a repetition (what makes nesting dangerous)."""
     for op, av in body:
-        if op in (MAX_REPEAT, MIN_REPEAT) or (POSSESSIVE_REPEAT is not None and op is POSSESSIVE_REPEAT):
+        if _is_repeat(op):
             _lo, hi, _ = av
             if hi is MAXREPEAT or hi > 1:
                 return True
         elif op is SUBPATTERN and _can_repeat(list(av[-1])):
             return True
         elif op is BRANCH and any(_can_repeat(list(b)) for b in av[1]):
+            return True
+    return False
+
+
+def _has_mandatory(body: list) -> bool:
+    """True when every match of the body consumes a character outside its repetitions."""
+    for op, av in body:
+        if op is LITERAL or op is IN or op in _SINGLE_CHAR:
+            return True
+        if op is SUBPATTERN and _has_mandatory(list(av[-1])):
+            return True
+        if op is BRANCH and all(_has_mandatory(list(b)) for b in av[1]):
             return True
     return False
 

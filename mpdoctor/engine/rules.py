@@ -148,8 +148,10 @@ def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
                 re.compile(src)
                 if need_literal:
                     literals.extend(required_literals(src))
-            except (PatternError, re.error) as exc:
-                raise RuleError(path, rid, f"{key} pattern {src!r} {exc}") from None
+            except re.error as exc:
+                raise RuleError(path, rid, f"{key}: the pattern {src!r} is not a valid regular expression: {exc}") from None
+            except PatternError as exc:
+                raise RuleError(path, rid, f"{key}: the pattern {src!r} {exc}") from None
     return [LazyPattern(src) for src in value], literals
 
 

@@ -123,7 +123,7 @@ def gpu_facts(facts: dict[str, Any], mode: str = "plain") -> dict[str, Any]:
     cc = None
     if facts.get("cc_major") is not None and facts.get("cc_minor") is not None:
         cc = normalise_cc(f"{facts['cc_major']}.{facts['cc_minor']}")
-    cc = cc or normalise_cc(facts.get("cc")) or normalise_cc(facts.get("sm"))
+    cc = cc or normalise_cc(facts.get("cc")) or normalise_cc(facts.get("sm_num")) or normalise_cc(facts.get("sm"))
     gpu = str(facts["gpu"]).strip() if facts.get("gpu") else None
     from_name = False
     if cc is None and gpu:
@@ -252,16 +252,49 @@ def no_kernel_image(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[s
     if build:
         out["supported_list"] = " ".join(f"sm_{b}" for b in build)
     n = cc_number(out.get("cc"))
-    if n is not None:
+    if n is not None and not (facts.get("extension") and 75 <= n < 100):
+        # With an extension named and a GPU every wheel covers, torch is not the culprit.
         out["build_hint"] = build_hint(n)
         if build and not covers(build, n):
             out["missing_arch"] = f"sm_{n}"
+    if n in (53, 62, 72, 87):
+        # Jetson: the official aarch64 wheels warn for Orin (sm_87) although sm_80 code runs.
+        out["tegra_gpu"] = out.get("gpu_desc", f"sm_{n}")
     tv = str(facts.get("torch_version") or "")
     m = re.search(r"\+cu(\d{3})", tv)
     if m:
         out["torch_cuda"] = f"{int(m.group(1)) // 10}.{int(m.group(1)) % 10}"
     elif re.search(r"\+cpu\b", tv):
         out["cpu_build"] = tv
+    for key in ("needed_cuda_int", "built_cuda_int"):
+        v = decode_cuda_version(facts.get(key))
+        if v:
+            out[key.replace("_int", "")] = v
+    return out
+
+
+# The toolkit that first knows a `compute_XY` target, and the one that dropped it (§4.1).
+_ARCH_FIRST_CUDA = {
+    75: "10.0", 80: "11.0", 86: "11.1", 87: "11.4", 89: "11.8", 90: "11.8",
+    100: "12.8", 101: "12.8", 120: "12.8", 103: "12.9", 121: "12.9", 110: "13.0",
+}
+_ARCH_DROPPED_IN = {30: "11.0", 32: "11.0", 35: "12.0", 37: "12.0",
+                    50: "13.0", 52: "13.0", 53: "13.0", 60: "13.0", 61: "13.0", 62: "13.0", 70: "13.0", 72: "13.0"}
+
+
+@deriver("nvcc_arch")
+def nvcc_arch(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    """nvcc's `Unsupported gpu architecture 'compute_120'`: which toolkit would know it."""
+    out: dict[str, Any] = {}
+    m = re.search(r"(\d{2,3})", str(facts.get("target") or ""))
+    if not m:
+        return out
+    n = int(m.group(1))
+    out["target_cc"] = f"{n // 10}.{n % 10}"
+    if n in _ARCH_FIRST_CUDA:  # 'sm_90a' / 'compute_100f' share the number
+        out["needs_cuda"] = _ARCH_FIRST_CUDA[n]
+    if n in _ARCH_DROPPED_IN:
+        out["dropped_in"] = _ARCH_DROPPED_IN[n]
     return out
 
 

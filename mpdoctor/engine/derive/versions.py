@@ -328,7 +328,7 @@ def cuda_library(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str,
             out["needs_nvjitlink"] = f"{jit.group(1)}.{jit.group(2)}"
         if str(sym).startswith(("cuda", "cublas", "cudnn", "nccl", "cusparse", "__nvJitLink", "nvJitLink")):
             out["symbol_owner"] = "a CUDA library"
-    path = str(facts.get("lib_path") or "")
+    path = str(facts.get("lib_path") or facts.get("ld_cuda") or "")
     m = re.search(r"cuda-(\d+\.\d+)", path)
     if m:
         out["system_cuda"] = m.group(1)

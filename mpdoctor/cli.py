@@ -138,8 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train a small built-in model through accelerate in each precision mode and report\n"
             "what works, how fast, how much memory, how far from fp32, and which to use.\n\n"
-            "  mpdoctor probe\n  mpdoctor probe --modes no,bf16 --steps 30 --model mlp"
+            "  mpdoctor probe\n  mpdoctor probe --modes no,bf16 --steps 30 --model mlp\n"
+            "  mpdoctor probe --stress --format json   # fp16 headroom vs bf16\n\n"
+            "Each mode runs in its own process with a timeout; a mode that fails is reported with\n"
+            "its error explained by the rule base. A mode that did not really run (e.g. accelerate's\n"
+            "fp16 on a CPU runs fp32) is flagged and gets no speed-up or memory saving."
         ),
+        epilog="exit status:\n  0  at least one mode trained\n  1  no mode trained\n  2  the arguments are wrong\n",
     )
     _add_output(p)
     p.add_argument("--modes", default="no,fp16,bf16,fp8", help="comma-separated modes (default: all)")
@@ -148,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", choices=("cpu", "cuda", "mps"), default=None)
     p.add_argument("--stress", action="store_true", help="scale activations towards the fp16 limit")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="kill a mode's child after this long (default 180)")
     return parser
 
 

@@ -1,0 +1,110 @@
+"""`mpdoctor probe`: a live, instrumented accelerate run of every precision mode.
+
+Rooms: `runner` (parent: one child per mode, with a deadline), `child` (the training
+run itself, the only side that imports torch, with `models` and `observe`),
+`analysis` (rows, findings, recommendation), `report` (json / markdown / table).
+Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from argparse import Namespace
+from typing import Any
+
+from .analysis import build_rows, recommend
+from .report import ProbeReport, print_terminal, to_markdown
+from .runner import MODES, ProbeOptions, Progress, run_modes
+
+__all__ = ["MODES", "ProbeOptions", "ProbeReport", "run_probe", "run_probe_for_check", "probe_main"]
+
+EXIT_OK, EXIT_NO_MODE_WORKS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeReport:
+    outcomes, meta = run_modes(opts, progress)
+    rows = build_rows(outcomes, opts)
+    base = next((o.result for o in outcomes if o.mode == "no" and o.result), None)
+    first = base or next((o.result for o in outcomes if o.result), None) or {}
+    options = {"modes": list(opts.modes), "steps": opts.steps, "warmup": min(opts.warmup, opts.steps - 1),
+               "model": opts.model, "batch_size": opts.batch_size, "device": opts.device,
+               "stress": opts.stress, "timeout_s": opts.timeout_s, "seed": opts.seed,
+               "accelerate": first.get("accelerate")}
+    return ProbeReport(rows=rows, recommendation=recommend(rows), device=first.get("device", {}),
+                       workload=first.get("workload", {}), overhead=(base or {}).get("overhead"),
+                       options=options, wall_s=meta["wall_s"])
+
+
+def run_probe_for_check(opts: ProbeOptions | None = None, *, progress: bool = True) -> ProbeReport:
+    """For `mpdoctor check --probe`: the default probe, with the progress bar on a
+    terminal. Append it with `report.findings` (ranked, categorised like check's own),
+    `report.to_dict()` under a "probe" key in JSON, `to_markdown(report)` or
+    `print_terminal(report, console)`."""
+    opts = opts or ProbeOptions()
+    bar = _ProgressBar(opts) if progress and sys.stderr.isatty() else None
+    try:
+        return run_probe(opts, bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+
+
+class _ProgressBar:
+    """Modes and steps on stderr, only on a terminal."""
+
+    def __init__(self, opts: ProbeOptions) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        n_modes = len(set(opts.modes) | {"no"})
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.modes = self.progress.add_task("modes", total=n_modes)
+        self.steps = self.progress.add_task("steps", total=opts.steps)
+        self.progress.start()
+
+    def update(self, mode: str, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "start":
+            self.progress.update(self.modes, description=f"mode {mode}")
+            self.progress.reset(self.steps, description="starting")
+        elif kind == "phase":
+            self.progress.update(self.steps, description=str(event.get("name")))
+        elif kind == "step":
+            self.progress.update(self.steps, completed=event.get("step", 0))
+        elif kind == "end":
+            self.progress.advance(self.modes)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def options_from_args(args: Namespace) -> ProbeOptions:
+    modes = [m.strip() for m in str(args.modes).split(",") if m.strip()]
+    opts = ProbeOptions(modes=modes, model=args.model, batch_size=args.batch_size, device=args.device,
+                        stress=bool(args.stress))
+    if args.steps is not None:
+        opts.steps = args.steps
+    if getattr(args, "timeout", None) is not None:
+        opts.timeout_s = float(args.timeout)
+    opts.validate()
+    return opts
+
+
+def probe_main(args: Namespace) -> int:
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        sys.stderr.write(f"mpdoctor: {exc}\n")
+        return EXIT_BAD_INPUT
+    report = run_probe_for_check(opts)
+    if args.format == "json":
+        sys.stdout.write(report.to_json())
+    elif args.format == "markdown":
+        sys.stdout.write(to_markdown(report))
+    else:
+        from ..render import make_console
+
+        print_terminal(report, make_console())
+    sys.stdout.flush()
+    return EXIT_OK if report.any_mode_works else EXIT_NO_MODE_WORKS

@@ -1,0 +1,335 @@
+"""One precision mode, trained for real in its own process: `python -m mpdoctor.probe.child SPEC`.
+
+The parent never imports torch; this process does, trains the built-in model through
+`accelerate.Accelerator(mixed_precision=MODE)` and writes what it measured to the
+result file named in the spec. Progress goes to stdout as `@@probe {json}` lines.
+A failure is not caught: the genuine traceback on stderr is what the parent explains
+with the rule base, exactly as `mpdoctor explain` would.
+
+MPDOCTOR_PROBE_FAULT=MODE:KIND[,MODE:KIND] makes the child of MODE fail for real, for
+the tests and for trying the report out: `oom` (a real allocation far beyond memory),
+`dtype` (the model cast to half and fed float), `hang` (never finishes a step),
+`abort` (dies by SIGABRT with no traceback).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .events import emit
+
+
+def _fault(mode: str) -> str | None:
+    for item in os.environ.get("MPDOCTOR_PROBE_FAULT", "").split(","):
+        m, _, kind = item.partition(":")
+        if m.strip() == mode and kind.strip():
+            return kind.strip()
+    return None
+
+
+# -- memory: device memory on accelerators, the training loop's RSS growth on the CPU --
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _malloc_trim() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the baseline may include cached free memory
+
+
+class MemoryMeter:
+    def __init__(self, torch: Any, device: Any) -> None:
+        self.torch, self.device = torch, device
+        self.kind = "unknown"
+        self.base = 0
+
+    def start(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+            self.kind = "cuda.max_memory_allocated"
+            return
+        if self.device.type == "mps":
+            self.kind = "mps.current_allocated_memory"
+            return
+        # Give freed heap back first (glibc), so the baseline is live memory only and
+        # the growth does not depend on what earlier phases happened to leave cached.
+        _malloc_trim()
+        # Linux: writing 5 to clear_refs resets VmHWM to the current RSS, so the peak
+        # read afterwards is the training loop's own (not torch's import).
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.base = (_status_kb("VmRSS") or 0) * 1024
+            self.kind = "rss_peak_growth"
+        except OSError:
+            import resource
+
+            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self.kind = "ru_maxrss_growth"
+
+    def peak(self) -> int | None:
+        if self.kind.startswith("cuda"):
+            return int(self.torch.cuda.max_memory_allocated(self.device))
+        if self.kind.startswith("mps"):  # MPS keeps no peak: the level after the loop
+            return int(self.torch.mps.current_allocated_memory())
+        if self.kind == "rss_peak_growth":
+            hwm = _status_kb("VmHWM")
+            return None if hwm is None else max(0, hwm * 1024 - self.base)
+        if self.kind == "ru_maxrss_growth":
+            import resource
+
+            return max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base)
+        return None
+
+
+class CpuContention:
+    """How much of the machine other processes used while this mode was timed:
+    /proc/stat's busy time minus our own, over the wall time of all CPUs. On a
+    shared 2-core box a neighbour's job can halve a mode's speed; the report says so."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+            ticks = [int(x) for x in fields]
+        except (OSError, ValueError):
+            return None
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+        t = os.times()
+        return (sum(ticks) - idle) / hz, t.user + t.system, time.monotonic()
+
+    def others_share(self) -> float | None:
+        end = self._read()
+        if self.start is None or end is None:
+            return None
+        busy, ours, wall = (e - s for e, s in zip(end, self.start))
+        cpus = os.cpu_count() or 1
+        if wall <= 0:
+            return None
+        return max(0.0, min(1.0, (busy - ours) / (wall * cpus)))
+
+
+def _device_facts(torch: Any, device: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {"type": device.type, "torch": torch.__version__}
+    try:  # a busy machine times its neighbours too: said beside the timings
+        facts["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        facts["cpus"] = os.cpu_count()
+    except OSError:
+        pass
+    if device.type == "cuda":
+        idx = device.index or 0
+        facts["name"] = torch.cuda.get_device_name(idx)
+        facts["capability"] = ".".join(map(str, torch.cuda.get_device_capability(idx)))
+        facts["bf16_supported"] = bool(torch.cuda.is_bf16_supported())
+        facts["cuda"] = torch.version.cuda
+    elif device.type == "cpu":
+        name, flags = "", set()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name") and not name:
+                    name = line.split(":", 1)[1].strip()
+                if line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+        except OSError:
+            import platform
+
+            name = platform.processor()
+        facts["name"] = name
+        facts["threads"] = torch.get_num_threads()
+        facts["capability"] = torch.backends.cpu.get_cpu_capability()
+        facts["native_bf16"] = sorted(f for f in ("avx512_bf16", "amx_bf16") if f in flags)
+        if not flags:  # no /proc/cpuinfo: ask torch's own CPU feature probe
+            probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+            facts["native_bf16"] = ["avx512_bf16"] if probe and probe() else []
+        facts["native_fp16"] = sorted(f for f in ("avx512_fp16", "amx_fp16") if f in flags)
+    return facts
+
+
+def _pick_device(torch: Any, wanted: str | None) -> Any:
+    if wanted:
+        return torch.device(wanted)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    mode, steps, warmup = spec["mode"], int(spec["steps"]), int(spec["warmup"])
+    fault = _fault(mode)
+    emit("phase", name="import")
+    import torch
+
+    import accelerate
+    from accelerate import Accelerator
+
+    from .models import build
+    from .observe import attach
+
+    device = _pick_device(torch, spec.get("device"))
+    if spec.get("stress"):
+        # The stress gain drives GELU's tail into denormals, which are ~15x slower on
+        # x86 and would time the CPU's denormal path rather than the precision mode.
+        torch.set_flush_denormal(True)
+    work = build(spec["model"], spec.get("batch_size"), bool(spec.get("stress")), seed=int(spec.get("seed", 0)))
+    emit("phase", name="accelerator")
+    accelerator = Accelerator(mixed_precision=mode, cpu=device.type == "cpu")
+    device = accelerator.device
+    native_fp16 = None
+    if device.type == "cpu" and mode == "fp16" and not accelerator.native_amp:
+        # accelerate 1.x runs fp32 for fp16 on the CPU. What torch's own CPU autocast
+        # would do with this model, same weights and batch, so the report can say it
+        # (before the watch is attached: this forward is not part of the mode's run).
+        native_fp16 = _torch_autocast_fp16(torch, work, work.eval_batch[0])
+    model = work.model
+    if fault == "dtype":
+        model = model.half()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec.get("lr", 1e-3)))
+    observer = attach(accelerator, model)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    batches = [(x.to(device), y.to(device)) for x, y in work.batches]
+    eval_x, eval_y = (t.to(device) for t in work.eval_batch)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    # Fixed-batch evaluation at the seed's weights, in this mode: the logits every mode
+    # is compared with, and how close its activations come to the fp16 limit.
+    emit("phase", name="eval")
+    work.model.record = True
+    with torch.no_grad(), accelerator.autocast():
+        logits = model(eval_x)
+        eval_loss = float(work.loss(logits, eval_y))
+    work.model.record = False
+    logits32 = logits.detach().float().cpu().contiguous()
+    logits_path = Path(spec["logits_path"])
+    logits_path.write_bytes(logits32.numpy().tobytes())
+    eval_facts = {"loss": eval_loss, "peak_abs": work.model.peak_abs,
+                  "nonfinite_logits": int((~torch.isfinite(logits32)).sum()),
+                  "logits_file": str(logits_path), "logits_count": logits32.numel()}
+
+    def train_step(i: int) -> tuple[float, float]:
+        x, y = batches[i % len(batches)]
+        sync()
+        t0 = time.perf_counter()
+        with accelerator.autocast():
+            out = model(x)
+            loss = work.loss(out, y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach())  # reads the loss: the step's own sync point
+        sync()
+        return time.perf_counter() - t0, value
+
+    emit("phase", name="train", steps=steps)
+    meter = MemoryMeter(torch, device)
+    meter.start()
+    contention = CpuContention()
+    times: list[float] = []
+    losses: list[float] = []
+    for i in range(steps):
+        if fault == "hang" and i == 1:
+            while True:
+                time.sleep(1)
+        if fault == "abort" and i == 1:
+            os.abort()
+        if fault == "oom" and i == 1:
+            # A real allocation failure, with the allocator's own message.
+            torch.empty(1 << 52, dtype=torch.uint8, device=device)
+        dt, value = train_step(i)
+        observer.step_done(value)
+        times.append(dt)
+        losses.append(value)
+        emit("step", step=i + 1, of=steps)
+    peak = meter.peak()
+    others = contention.others_share()
+    watched = observer.summary()
+    # fp8 shows in the modules accelerate swapped in (TransformerEngine / torchao),
+    # not in a matmul's output dtype.
+    fp8_modules = sum(1 for m in model.modules()
+                      if type(m).__module__.startswith(("transformer_engine", "torchao", "msamp")))
+    observer.detach()
+
+    result: dict[str, Any] = {
+        "mode": mode, "ok": True, "device": _device_facts(torch, device),
+        "accelerate": accelerate.__version__, "accelerator_mixed_precision": accelerator.mixed_precision,
+        "workload": work.describe, "steps": steps, "warmup": warmup,
+        "step_times_s": times, "step_time_s": statistics.median(times[warmup:] or times),
+        "losses": losses, "final_loss": losses[-1] if losses else None,
+        "peak_memory_bytes": peak, "memory_kind": meter.kind, "cpu_used_by_others": others,
+        "autocast_dtype": watched["autocast_dtype"], "fp8_modules": fp8_modules,
+        "native_amp": bool(accelerator.native_amp), "observed": watched, "eval": eval_facts,
+        "stress": bool(spec.get("stress")), "stress_gain": work.model.stress_gain,
+    }
+
+    if spec.get("measure_overhead"):
+        # The same steps with no instrumentation attached, next to the last watched
+        # ones: the ratio is what the watch costs, reported beside the timings.
+        k = int(spec.get("overhead_steps", 5))
+        bare = [train_step(steps + j)[0] for j in range(k)]
+        last = times[-k:]
+        result["overhead"] = {"steps": k, "watched_median_s": statistics.median(last),
+                              "bare_median_s": statistics.median(bare),
+                              "ratio": statistics.median(last) / statistics.median(bare),
+                              "source": watched["source"]}
+
+    if native_fp16 is not None:
+        result["torch_autocast_fp16"] = native_fp16
+    return result
+
+
+def _torch_autocast_fp16(torch: Any, work: Any, eval_x: Any) -> dict[str, Any]:
+    seen: list[str] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, o: seen.append(str(o.dtype).replace("torch.", "")))
+             for m in work.model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+    work.model.record, work.model.peak_abs = True, 0.0
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            out = work.model(eval_x)
+    finally:
+        work.model.record = False
+        for h in hooks:
+            h.remove()
+    return {"autocast_dtype": seen[0] if seen else None,
+            "nonfinite_logits": int((~torch.isfinite(out.float())).sum()),
+            "peak_abs": work.model.peak_abs}
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[1]).read_text())
+    result = run(spec)
+    tmp = Path(spec["result_path"] + ".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(spec["result_path"])
+    emit("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

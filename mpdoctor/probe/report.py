@@ -1,0 +1,214 @@
+"""The probe's report: plain data, and its three renderings (json, markdown, terminal).
+
+The per-mode table is the probe's own; the findings under it go through the shared
+renderers in mpdoctor/render.py, like every other face's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..findings import Finding, Report, rank_findings
+from .analysis import BUSY_SHARE, ModeRow
+
+
+@dataclass
+class ProbeReport:
+    rows: list[ModeRow]
+    recommendation: dict[str, Any]
+    device: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    overhead: dict[str, Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def findings(self) -> list[Finding]:
+        return rank_findings([f for r in self.rows for f in r.findings])
+
+    @property
+    def any_mode_works(self) -> bool:
+        return any(r.ok and (r.ran_as_requested or r.mode == "no") for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"modes": [r.to_dict() for r in self.rows], "recommendation": self.recommendation,
+                "device": self.device, "workload": self.workload, "overhead": self.overhead,
+                "options": self.options, "wall_s": round(self.wall_s, 2),
+                "findings": [f.to_dict() for f in self.findings]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+
+
+# -- cells ------------------------------------------------------------------------
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "–"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _x(v: float | None, row: ModeRow) -> str:
+    if row.ok and not row.ran_as_requested and row.mode != "no":
+        return "n/a (not run)"
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _pct(v: float | None, row: ModeRow) -> str:
+    if row.ok and not row.ran_as_requested and row.mode != "no":
+        return "n/a (not run)"
+    return "–" if v is None else f"{v:.0%}"
+
+
+def _rel(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if not math.isfinite(v):
+        return "inf"
+    return f"{v:.2%}" if v >= 1e-4 else f"{v:.1e}"
+
+
+def _time(row: ModeRow) -> str:
+    if row.step_time_s is None:
+        return "–"
+    s = f"{row.step_time_s * 1000:.1f} ms"
+    if row.step_time_spread is not None:
+        s += f" ±{row.step_time_spread / 2:.0%}"
+    return s
+
+
+def _works(row: ModeRow) -> str:
+    if not row.ok:
+        return "✗ timed out" if row.timed_out else "✗ failed"
+    if row.mode != "no" and not row.ran_as_requested:
+        return f"! ran {row.autocast_dtype}"
+    return "✓"
+
+
+def _scaler(row: ModeRow) -> str:
+    if not row.ok:
+        return "–"
+    if row.final_scale is None and not row.skipped_steps:
+        return "none"
+    scale = "–" if row.final_scale is None else f"{row.final_scale:g}"
+    return f"{row.skipped_steps or 0} skipped, scale {scale}"
+
+
+def _peak(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return "inf" if not math.isfinite(v) else f"{v:.3g}"
+
+
+COLUMNS = ["mode", "works", "step time", "speed-up", "peak memory", "saving", "loss Δ", "logits Δ",
+           "autocast", "loss scaler", "non-finite"]
+
+
+def table_rows(report: ProbeReport) -> tuple[list[str], list[list[str]]]:
+    cols = list(COLUMNS)
+    stress = bool(report.options.get("stress"))
+    if stress:
+        cols.append("peak |act|")
+    body = []
+    for r in report.rows:
+        cells = [r.mode + (" (baseline)" if r.baseline_only else ""), _works(r), _time(r),
+                 _x(r.speedup, r), _bytes(r.peak_memory_bytes), _pct(r.memory_saving, r),
+                 _rel(r.loss_rel_diff), _rel(r.logits_rel_diff), r.autocast_dtype or "–", _scaler(r),
+                 str(r.nonfinite_count) if r.ok else "–"]
+        if stress:
+            cells.append(_peak(r.peak_activation))
+        body.append(cells)
+    return cols, body
+
+
+def _footer_lines(report: ProbeReport) -> list[str]:
+    lines = []
+    rec = report.recommendation
+    if rec.get("mode"):
+        lines.append(f"Recommendation: {rec['reason']}")
+        cfg = rec.get("config") or {}
+        lines.append(f"  accelerate config: {cfg.get('accelerate_config')}   code: {cfg.get('code')}")
+    else:
+        lines.append(f"Recommendation: none — {rec.get('reason')}")
+    alt = rec.get("if_memory_bound")
+    if alt:
+        lines.append(f"  If memory is your limit: {alt['reason']} → {alt['config']['accelerate_config']}")
+    for r in report.rows:
+        if r.error:
+            lines.append(f"{r.mode}: {r.error}")
+        elif r.note:
+            lines.append(f"{r.mode}: {r.note}")
+    busy = [r for r in report.rows if r.cpu_used_by_others is not None and r.cpu_used_by_others > BUSY_SHARE]
+    if busy:
+        worst = max(r.cpu_used_by_others or 0 for r in busy)
+        lines.append(f"Timings are unreliable: other processes used up to {worst:.0%} of the CPUs while "
+                     f"{', '.join(r.mode for r in busy)} ran. Run the probe on an idle machine.")
+    oh = report.overhead
+    if oh:
+        lines.append(f"Instrumentation overhead: {oh['ratio']:.2f}× step time ({oh['source']}; "
+                     f"{oh['steps']} steps with vs without it in the fp32 child). Every mode is timed with it "
+                     "attached, so the speed-ups compare like with like.")
+    d, w = report.device, report.workload
+    if d:
+        extra = f", {d.get('threads')} threads" if d.get("threads") else ""
+        cap = f", {d.get('capability')}" if d.get("capability") else ""
+        lines.append(f"Device: {d.get('type')} {d.get('name', '')}{cap}{extra}; torch {d.get('torch')}, "
+                     f"accelerate {report.options.get('accelerate', '?')}")
+    if w:
+        lines.append(f"Model: {w.get('model')} ({w.get('parameters', 0):,} parameters, batch {w.get('batch_size')}), "
+                     f"{report.options.get('steps')} steps per mode, median after {report.options.get('warmup')} "
+                     f"warm-up steps; memory: {_memory_kind(report)}; wall time {report.wall_s:.1f} s")
+    return lines
+
+
+def _memory_kind(report: ProbeReport) -> str:
+    kinds = {r.memory_kind for r in report.rows if r.memory_kind}
+    names = {"rss_peak_growth": "peak RSS growth over the training loop",
+             "ru_maxrss_growth": "max RSS growth over the training loop",
+             "cuda.max_memory_allocated": "torch.cuda.max_memory_allocated",
+             "mps.current_allocated_memory": "torch.mps.current_allocated_memory after the loop"}
+    return ", ".join(names.get(k, k) for k in sorted(kinds)) or "not measured"
+
+
+def to_markdown(report: ProbeReport, heading: str = "mpdoctor probe", findings: bool = True) -> str:
+    from ..render import to_markdown as findings_markdown
+
+    cols, body = table_rows(report)
+    out = [f"## {heading}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for cells in body:
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    out.append("")
+    for line in _footer_lines(report):
+        out.append(line.replace("  ", "", 1) if line.startswith("  ") else line)
+        out.append("")
+    if findings and report.findings:
+        out.append(findings_markdown(Report(findings=report.findings), heading="Findings").replace("## Findings", "### Findings", 1))
+    return "\n".join(out)
+
+
+def print_terminal(report: ProbeReport, console: Any, findings: bool = True) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..render import print_terminal as print_findings
+
+    cols, body = table_rows(report)
+    table = Table(title="mpdoctor probe", title_justify="left")
+    for c in cols:
+        table.add_column(c, justify="right" if c not in ("mode", "works", "autocast", "loss scaler") else "left")
+    for r, cells in zip(report.rows, body):
+        style = "red" if not r.ok else ("yellow" if r.mode != "no" and not r.ran_as_requested else None)
+        table.add_row(*[escape(c) for c in cells], style=style)
+    console.print(table)
+    for line in _footer_lines(report):
+        console.print(Text(line, style="bold green" if line.startswith("Recommendation") else None))
+    if findings and report.findings:
+        console.print()
+        print_findings(Report(findings=report.findings), console)

@@ -9,6 +9,7 @@ Public API (what `check`, `collect`, `probe` and `explain --here` use):
                    anonymize=True,         # also hide the user name / home in paths
                    torch_timeout=60.0)     # seconds the torch child may take
     snap = load_snapshot("env.json")       # a recorded snapshot (raises SnapshotError)
+    pending = start_collection(); ...; snap = pending.finish()   # overlap your own start-up
 
 `collect()` never raises for a broken environment: torch is examined in a child
 process with a timeout, every collector is isolated, and a collector that fails leaves
@@ -27,7 +28,8 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-__all__ = ["SCHEMA_VERSION", "SnapshotError", "collect", "load_snapshot", "load_snapshot_data", "judge_snapshot"]
+__all__ = ["SCHEMA_VERSION", "SnapshotError", "collect", "start_collection", "load_snapshot",
+           "load_snapshot_data", "judge_snapshot"]
 
 
 class SnapshotError(ValueError):
@@ -41,6 +43,23 @@ def collect(*, config_file: str | None = None, anonymize: bool = False,
 
     return load_snapshot_data(collect_snapshot(config_file=config_file, anonymize=anonymize,
                                                torch_timeout=torch_timeout))
+
+
+def start_collection(*, config_file: str | None = None, anonymize: bool = False,
+                     torch_timeout: float | None = None) -> Any:
+    """Begin collecting; `.finish()` returns what `collect()` would (do other start-up
+    work in between, while torch imports in the child)."""
+    from .collect import Collection
+
+    return _Finishing(Collection(config_file=config_file, anonymize=anonymize, torch_timeout=torch_timeout).start())
+
+
+class _Finishing:
+    def __init__(self, collection: Any) -> None:
+        self._c = collection
+
+    def finish(self) -> dict[str, Any]:
+        return load_snapshot_data(self._c.finish())
 
 
 def load_snapshot(path: str) -> dict[str, Any]:

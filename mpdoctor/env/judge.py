@@ -1,0 +1,360 @@
+"""Apply the environment rules to a snapshot: findings, the checklist, the plan.
+
+The rules' text lives in rules/env/*.toml; their logic in predicates.py. This module
+joins the two, ranks the findings with the same model as `explain`, and lays out the
+checklist (one line per area) that `mpdoctor check` prints. Importing it registers the
+case runner that `mpdoctor rules test` uses for environment rules.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.rules import Rule, RuleError, load_rules
+from ..engine.selftest import ENV_CASE_RUNNER, Example, _facts_problems, example_path
+from ..engine.template import render, render_all, render_paragraph
+from ..findings import Evidence, Finding, Report, rank_findings
+from . import compat
+from .plan import MODES, build_plan, fp8_matrix, what_runs
+from .predicates import PREDICATES, Hit, Skip, gib
+from .view import EnvView
+
+# Checklist areas, in the order a person reads them; a rule lands in its area by
+# category (RULE_AREA names the few whose category alone would mislead).
+AREAS: list[tuple[str, str]] = [
+    ("torch", "torch and CUDA runtime"),
+    ("precision", "Hardware precision"),
+    ("driver", "Driver and CUDA build"),
+    ("arch", "GPU architecture and build"),
+    ("libraries", "Library versions"),
+    ("accelerate", "accelerate configuration"),
+    ("memory", "Memory and GPU health"),
+]
+CATEGORY_AREA = {
+    "cuda-unavailable": "torch", "cuda-library-missing": "libraries",
+    "bf16-unsupported": "precision", "fp16-unsupported-device": "precision", "fp8-unsupported": "precision",
+    "flash-attention-unsupported": "arch", "half-op-not-implemented": "precision",
+    "driver-too-old": "driver", "no-kernel-image": "arch", "version-incompatible": "libraries",
+    "accelerate-config": "accelerate", "out-of-memory": "memory", "host-out-of-memory": "memory",
+    "cuda-kernel-fault": "memory",
+}
+RULE_AREA = {"torch-import-missing-library": "torch", "torch-import-fails": "torch",
+             "cuda-visible-devices-invalid": "accelerate"}
+PRECISION_CATEGORIES = {"bf16-unsupported", "fp16-unsupported-device", "fp8-unsupported"}
+_HOLE = re.compile(r"\{[^{}]*\}")
+
+
+class EnvRuleError(ValueError):
+    """An environment rule that names a check mpdoctor does not have."""
+
+
+def area_of(rule: Rule) -> str:
+    return RULE_AREA.get(rule.id) or CATEGORY_AREA.get(rule.category, "accelerate")
+
+
+def _title(rule: Rule, facts: dict[str, Any]) -> str:
+    return render(rule.title, facts) or _HOLE.sub("…", rule.title)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "(not set)"
+    if isinstance(value, bool):
+        return str(value)
+    return str(value)
+
+
+def _finding(rule: Rule, hit: Hit) -> Finding:
+    facts = {k: v for k, v in hit.facts.items() if v not in (None, "")}
+    return Finding(
+        rule=rule.id, category=rule.category, severity=rule.severity, title=_title(rule, facts),
+        explanation=render_paragraph(rule.explanation, facts), fixes=render_all(rule.fixes, facts),
+        evidence=[Evidence(text=f"{_fmt(val)}", line=None, source=path) for path, val in hit.evidence],
+        facts=facts, references=list(rule.references), priority=rule.priority, consequence=rule.consequence)
+
+
+@dataclass
+class RuleOutcome:
+    rule: Rule
+    findings: list[Finding]
+    skipped: str | None = None
+
+
+def run_rules(view: EnvView, rules: list[Rule]) -> list[RuleOutcome]:
+    outcomes = []
+    for rule in rules:
+        fn = PREDICATES.get(rule.check or "")
+        if fn is None:
+            raise EnvRuleError(f"{rule.path}: rule {rule.id!r} names check {rule.check!r}, which is not one of "
+                               f"mpdoctor's ({', '.join(sorted(PREDICATES))})")
+        try:
+            result = fn(view)
+        except Exception as exc:  # a predicate bug on an odd snapshot: say so, do not crash
+            outcomes.append(RuleOutcome(rule, [], f"could not be judged ({type(exc).__name__}: {exc})"))
+            continue
+        if isinstance(result, Skip):
+            outcomes.append(RuleOutcome(rule, [], result.reason))
+            continue
+        merged: dict[str, Finding] = {}
+        for hit in result:
+            f = _finding(rule, hit)
+            if f.title in merged:  # eight identical V100s are one finding, ×8
+                m = merged[f.title]
+                m.count += 1
+                m.evidence.extend(e for e in f.evidence if e.to_dict() not in [x.to_dict() for x in m.evidence])
+            else:
+                merged[f.title] = f
+        outcomes.append(RuleOutcome(rule, list(merged.values())))
+    fired = {o.rule.id for o in outcomes if o.findings}
+    dropped = {s for o in outcomes if o.findings for s in o.rule.supersedes}
+    for o in outcomes:
+        if o.rule.id in dropped and o.rule.id in fired:
+            o.findings = []
+    return outcomes
+
+
+def env_rules(rules: list[Rule] | None = None) -> list[Rule]:
+    rules = load_rules() if rules is None else rules
+    return [r for r in rules if r.kind == "env"]
+
+
+def make_view(snapshot: dict[str, Any], mixed_precision: str | None = None) -> EnvView:
+    view = EnvView(snapshot)
+    view.plan = build_plan(view, mixed_precision)
+    view.requested = view.plan.requested
+    return view
+
+
+def mode_verdicts(snapshot: dict[str, Any], rules: list[Rule], plan: Any) -> list[dict[str, Any]]:
+    """Each precision mode as if it had been asked for: would it work here, and as what?"""
+    precision_rules = [r for r in rules if r.category in PRECISION_CATEGORIES]
+    out = []
+    for mode in MODES:
+        view = EnvView(snapshot, requested=mode, plan=plan)
+        found = [f for o in run_rules(view, precision_rules) for f in o.findings]
+        runs_as, reason = what_runs(mode, view)
+        worst = "error" if any(f.severity == "error" for f in found) else (
+            "warning" if any(f.severity == "warning" for f in found) else "ok")
+        if not view.torch_ok:
+            worst, reason = "skipped", "torch cannot be examined"
+        out.append({"mode": mode, "status": worst, "runs_as": runs_as,
+                    "reason": found[0].title if found else reason,
+                    "rules": [f.rule for f in found]})
+    return out
+
+
+# --- checklist ------------------------------------------------------------------------------
+
+def _environment_lines(view: EnvView) -> list[str]:
+    s = view.snap
+    p, cpu, mem = s["platform"], s["cpu"], s["memory"]
+    lines = []
+    host = f"Python {p.get('python', '?')} · {p.get('system', '?')} {p.get('machine', '')}".rstrip()
+    if cpu.get("model"):
+        host += f" · {cpu['model']}" + (f" ({cpu['logical_cores']} threads)" if cpu.get("logical_cores") else "")
+    if mem.get("total_bytes"):
+        host += f" · RAM {gib(mem['total_bytes'])} ({gib(mem.get('available_bytes'))} free)"
+    lines.append(host)
+    t = view.torch
+    if view.torch_ok:
+        build = (f"CUDA {t['cuda_build']}" if t.get("cuda_build") else
+                 f"ROCm/HIP {t['hip_build']}" if t.get("hip_build") else "CPU-only build")
+        extra = []
+        if t.get("cudnn"):
+            extra.append(f"cuDNN {t['cudnn']}")
+        if t.get("nccl"):
+            extra.append(f"NCCL {t['nccl']}")
+        lines.append(f"torch {t.get('version')} ({build}{', ' + ', '.join(extra) if extra else ''})")
+    else:
+        msg = (t.get("error") or {}).get("message", "")
+        lines.append(f"torch: {t.get('status')}" + (f" — {msg.splitlines()[0][:120]}" if msg else ""))
+    libs = [f"{n} {view.pkg(n)}" for n in ("accelerate", "transformers", "deepspeed", "peft", "flash-attn",
+                                         "transformer-engine", "torchao", "bitsandbytes") if view.pkg(n)]
+    lines.append("libraries: " + (", ".join(libs) if libs else "accelerate not installed"))
+    nv = view.nvml
+    if view.nvml_ok:
+        drv = nv.get("driver_version")
+        cuda = compat.driver_max_cuda(drv or "0", view.windows) if drv else None
+        reported = nv.get("cuda_driver_version")
+        from .versions import cuda_int_to_str
+
+        cuda_txt = cuda_int_to_str(reported) or cuda
+        lines.append(f"NVIDIA driver {drv}" + (f" (supports CUDA ≤ {cuda_txt})" if cuda_txt else ""))
+    for g in view.gpus:
+        used = (g.nvml or {}).get("memory", {}).get("used_bytes") if g.nvml else None
+        mem_txt = gib(g.total_memory_bytes) or "?"
+        if used is not None:
+            mem_txt += f", {gib(used)} in use"
+        seen = "" if g.torch_sees else " — not usable by torch"
+        lines.append(f"GPU {g.index}: {g.label} · {g.arch or '?'} · {mem_txt}{seen}")
+    if not view.gpus:
+        if view.mps_available:
+            lines.append(f"GPU: Apple MPS (macOS {s['platform'].get('mac_version') or '?'})")
+        else:
+            why = (nv.get("error") or {}).get("message") if not view.nvml_ok else None
+            lines.append("GPU: none visible" + (f" ({why})" if why else ""))
+    return lines
+
+
+def _plan_lines(view: EnvView) -> list[str]:
+    plan = view.plan
+    lines = []
+    if plan.requested:
+        eff = f" → runs as {plan.effective}" if plan.effective and plan.effective != plan.requested else ""
+        why = f" ({plan.effective_reason})" if eff and plan.effective_reason else ""
+        lines.append(f"requested: {plan.requested} (from {plan.requested_from}){eff}{why}")
+    else:
+        lines.append("requested: nothing (no --mixed-precision, no accelerate config, no ACCELERATE_MIXED_PRECISION): "
+                     "every mode judged")
+    if view.config_section.get("exists") or view.env.get("ACCELERATE_MIXED_PRECISION"):
+        lines.append(f"`accelerate launch` trains in {plan.under_launch or 'no'}; "
+                     f"`python train.py` with Accelerator() trains in {plan.under_python}")
+    for d in plan.disagreements:
+        lines.append(f"disagreement: {d.first} = {d.first_value} vs {d.second} = {d.second_value}: {d.consequence}")
+    return lines
+
+
+def _area_summary(view: EnvView, area: str) -> str:
+    gpus = view.cuda_gpus
+    if area == "torch":
+        if view.torch_ok:
+            return f"torch imports; device for training: {view.device}"
+        return ""
+    if area == "precision":
+        if view.device == "cuda" and gpus and not view.rocm:
+            g = min(gpus, key=lambda x: x.cc)
+            feats = compat.features(g.cc)
+            parts = [f"{g.label}: bf16 {'native' if g.cc >= (8, 0) else 'not native'}",
+                     f"TF32 {'available' if feats.get('tf32') else 'not available'}"
+                     + (" (off for matmul, torch's default)" if feats.get("tf32") and
+                        not (view.torch.get("tf32") or {}).get("matmul_allow_tf32") else ""),
+                     f"fp8 {'yes' if g.cc >= (8, 9) else 'no'}"]
+            return "; ".join(parts)
+        if view.rocm:
+            return "ROCm: " + ", ".join(sorted({g.label for g in view.gpus}))
+        if view.device == "mps":
+            return "Apple MPS"
+        flags = view.snap["cpu"].get("flags") or {}
+        native = any(flags.get(f) for f in ("avx512_bf16", "amx_bf16", "bf16"))
+        return f"CPU only: bf16 {'native' if native else 'emulated (no avx512_bf16/AMX)'}; fp16 and fp8 need a GPU"
+    if area == "driver":
+        if view.nvml_ok and view.cuda_build:
+            return f"driver {view.nvml.get('driver_version')} runs CUDA {view.cuda_build} builds"
+        return ""
+    if area == "arch":
+        archs = view.torch.get("arch_list") or []
+        if gpus and archs:
+            return ", ".join(sorted({g.sm for g in gpus if g.sm})) + f" covered by the build ({archs[0]} … {archs[-1]})"
+        return ""
+    if area == "libraries":
+        if view.accelerate and view.torch_version:
+            return f"accelerate {view.accelerate} fits torch {view.torch_version}"
+        return ""
+    if area == "accelerate":
+        cfg = view.config
+        if cfg is not None:
+            return (f"{view.config_section.get('path')}: {cfg.get('distributed_type', 'NO')}, "
+                    f"{cfg.get('num_processes', 1)} process(es), mixed_precision {cfg.get('mixed_precision', 'no')}")
+        return "no accelerate config file (" + str(view.config_section.get("path")) + ")"
+    if area == "memory":
+        mem = view.snap["memory"]
+        parts = []
+        for g in view.nvml_gpus:
+            m = g.get("memory") or {}
+            if m.get("free_bytes") is not None:
+                parts.append(f"GPU {g.get('index')}: {gib(m['free_bytes'])} free of {gib(m.get('total_bytes'))}")
+        if mem.get("available_bytes"):
+            parts.append(f"host: {gib(mem['available_bytes'])} free")
+        return "; ".join(parts)
+    return ""
+
+
+def _checklist(view: EnvView, outcomes: list[RuleOutcome], modes: list[dict[str, Any]],
+               matrix: list[dict[str, Any]]) -> dict[str, Any]:
+    areas = []
+    for key, title in AREAS:
+        mine = [o for o in outcomes if area_of(o.rule) == key]
+        findings = rank_findings([f for o in mine for f in o.findings])
+        judged = [o for o in mine if o.skipped is None]
+        if any(f.severity == "error" for f in findings):
+            status = "error"
+        elif any(f.severity == "warning" for f in findings):
+            status = "warning"
+        elif judged:
+            status = "ok"
+        else:
+            status = "skipped"
+        items = [{"severity": f.severity, "title": f.title, "rule": f.rule, "count": f.count,
+                  "fix": f.fixes[0] if f.fixes else None} for f in findings]
+        skipped = [{"rule": o.rule.id, "reason": o.skipped} for o in mine if o.skipped]
+        summary = _area_summary(view, key) if status in ("ok",) or not items else ""
+        if status == "skipped" and skipped:
+            summary = skipped[0]["reason"]
+        areas.append({"id": key, "title": title, "status": status, "summary": summary,
+                      "items": items, "skipped": skipped})
+    return {
+        "environment": _environment_lines(view),
+        "plan": _plan_lines(view),
+        "modes": modes,
+        "areas": areas,
+        "fp8": matrix if (view.requested == "fp8" or any(m["mode"] == "fp8" for m in modes)) else [],
+        "skipped": [{"rule": o.rule.id, "reason": o.skipped} for o in outcomes if o.skipped],
+    }
+
+
+def judge(snapshot: dict[str, Any], *, mixed_precision: str | None = None, rules: list[Rule] | None = None,
+          source: str = "live") -> Report:
+    """The environment report: ranked findings, and in `extra` the checklist, the
+    precision plan, the per-mode verdicts and the fp8 matrix."""
+    rules_env = env_rules(rules)
+    view = make_view(snapshot, mixed_precision)
+    outcomes = run_rules(view, rules_env)
+    findings = rank_findings([f for o in outcomes for f in o.findings])
+    modes = mode_verdicts(snapshot, rules_env, view.plan) if view.requested is None else []
+    matrix = fp8_matrix(view)
+    checklist = _checklist(view, outcomes, modes, matrix)
+    report = Report(findings=findings, input={"snapshot": source, "schema": snapshot.get("schema"),
+                                              "collected_at": snapshot.get("collected_at")})
+    report.extra = {
+        "checklist": checklist,
+        "precision_plan": view.plan.to_dict(),
+        "modes": modes,
+        "fp8": matrix,
+        "skipped": checklist["skipped"],
+    }
+    return report
+
+
+# --- rule self-tests (mpdoctor rules test) --------------------------------------------------------
+
+def _env_case(rule: Rule, ex: Example, positive: bool, rules: list[Rule]) -> tuple[bool, str]:
+    from .snapshot import read_snapshot_file
+    from . import SnapshotError
+
+    if not ex.snapshot:
+        return False, "an environment rule's example needs `snapshot = \"fixtures/snapshots/...json\"`"
+    path = example_path(rule, ex.snapshot)
+    try:
+        snap = read_snapshot_file(str(path))
+    except SnapshotError as exc:
+        return False, str(exc)
+    try:
+        report = judge(snap, rules=rules, source=str(path))
+    except (EnvRuleError, RuleError) as exc:
+        return False, str(exc)
+    fired = [f for f in report.findings if f.rule == rule.id]
+    if positive:
+        if not fired:
+            skipped = next((s["reason"] for s in report.extra["skipped"] if s["rule"] == rule.id), None)
+            return False, f"did not fire on {ex.snapshot}" + (f" (skipped: {skipped})" if skipped else "")
+        problems = _facts_problems(ex.facts, fired[0].facts)
+        return (not problems), "; ".join(problems)
+    if fired:
+        return False, f"fired on the near miss {ex.snapshot}: {fired[0].title}"
+    return True, ""
+
+
+if _env_case not in ENV_CASE_RUNNER:
+    ENV_CASE_RUNNER.append(_env_case)

@@ -1,0 +1,123 @@
+"""NVML (nvidia-ml-py): the driver's view of the GPUs.
+
+This is what nvidia-smi reports: the driver version, the highest CUDA version the
+driver supports, and per GPU the memory in use and by whom, MIG, persistence and
+ECC. It sees GPUs even when torch cannot (a CPU-only torch, a driver too old for
+the build), which is exactly when it matters. Every query is isolated: GeForce
+cards answer NotSupported to several of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def _err(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__name__, "message": str(exc)}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _q(target: dict[str, Any], key: str, fn: Callable[[], Any]) -> None:
+    try:
+        target[key] = fn()
+    except Exception as exc:
+        name = type(exc).__name__
+        if "NotSupported" in name or "NoPermission" in name:
+            target[key] = None
+        else:
+            target.setdefault("errors", {})[key] = _err(exc)
+
+
+def _processes(nv: Any, handle: Any, own_pids: set[int]) -> list[dict[str, Any]]:
+    procs = []
+    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        fn = getattr(nv, getter, None)
+        if fn is None:
+            continue
+        try:
+            listed = fn(handle)
+        except Exception:
+            continue
+        for p in listed:
+            used = getattr(p, "usedGpuMemory", None)
+            entry: dict[str, Any] = {"pid": int(p.pid), "used_memory_bytes": int(used) if used else None,
+                                     "kind": "compute" if "Compute" in getter else "graphics"}
+            if int(p.pid) in own_pids:
+                entry["mpdoctor"] = True  # our own torch child, not a competitor
+            try:
+                import psutil
+
+                entry["name"] = psutil.Process(int(p.pid)).name()
+            except Exception:  # another container's pid, or gone
+                pass
+            procs.append(entry)
+    seen: set[tuple[int, str]] = set()
+    unique = []
+    for p in procs:
+        key = (p["pid"], p["kind"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def _gpu(nv: Any, i: int, own_pids: set[int]) -> dict[str, Any]:
+    h = nv.nvmlDeviceGetHandleByIndex(i)
+    g: dict[str, Any] = {"index": i}
+    _q(g, "name", lambda: _text(nv.nvmlDeviceGetName(h)))
+    _q(g, "uuid", lambda: _text(nv.nvmlDeviceGetUUID(h)))
+    _q(g, "pci_bus_id", lambda: _text(nv.nvmlDeviceGetPciInfo(h).busId))
+    _q(g, "capability", lambda: list(nv.nvmlDeviceGetCudaComputeCapability(h)))
+
+    def memory() -> dict[str, int]:
+        m = nv.nvmlDeviceGetMemoryInfo(h)
+        return {"total_bytes": int(m.total), "used_bytes": int(m.used), "free_bytes": int(m.free)}
+
+    _q(g, "memory", memory)
+    g["processes"] = _processes(nv, h, own_pids)
+    _q(g, "mig_mode", lambda: {0: "disabled", 1: "enabled"}.get(nv.nvmlDeviceGetMigMode(h)[0], "unknown"))
+    _q(g, "persistence_mode", lambda: bool(nv.nvmlDeviceGetPersistenceMode(h)))
+    _q(g, "ecc_mode", lambda: bool(nv.nvmlDeviceGetEccMode(h)[0]))
+    _q(g, "ecc_uncorrected_volatile", lambda: int(nv.nvmlDeviceGetTotalEccErrors(
+        h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)))
+    _q(g, "ecc_uncorrected_aggregate", lambda: int(nv.nvmlDeviceGetTotalEccErrors(
+        h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_AGGREGATE_ECC)))
+    return g
+
+
+def collect_nvml(own_pids: set[int] | None = None) -> dict[str, Any]:
+    """The `nvml` section. status: ok | unavailable (no NVIDIA driver / library) | error."""
+    own_pids = own_pids or set()
+    try:
+        import pynvml as nv
+    except Exception as exc:
+        return {"status": "unavailable", "error": _err(exc)}
+    try:
+        nv.nvmlInit()
+    except Exception as exc:
+        return {"status": "unavailable", "error": _err(exc)}
+    out: dict[str, Any] = {"status": "ok"}
+    try:
+        _q(out, "driver_version", lambda: _text(nv.nvmlSystemGetDriverVersion()))
+        _q(out, "cuda_driver_version", lambda: int(nv.nvmlSystemGetCudaDriverVersion_v2()))
+        _q(out, "nvml_version", lambda: _text(nv.nvmlSystemGetNVMLVersion()))
+        count = nv.nvmlDeviceGetCount()
+        gpus = []
+        for i in range(count):
+            try:
+                gpus.append(_gpu(nv, i, own_pids))
+            except Exception as exc:
+                gpus.append({"index": i, "error": _err(exc)})
+        out["gpus"] = gpus
+    except Exception as exc:
+        out["status"] = "error"
+        out["error"] = _err(exc)
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+    return out

@@ -414,6 +414,8 @@ _INIT_CODES: dict[str, tuple[str, str]] = {
             "on NVSwitch systems (HGX/DGX A100, H100, H200, B200) the NVIDIA Fabric Manager must run: `sudo systemctl enable --now nvidia-fabricmanager` (its version must equal the driver's)"),
     "999": ("cudaErrorUnknown",
             "usually a driver left broken by suspend/resume or an upgrade: `sudo rmmod nvidia_uvm && sudo modprobe nvidia_uvm`, or reboot"),
+    "46": ("cudaErrorDevicesUnavailable: every visible GPU is busy or unavailable",
+           "the GPUs are in Exclusive Process compute mode and taken by another process (`nvidia-smi` lists it), or another job holds them; free them or ask for `sudo nvidia-smi -c DEFAULT`"),
     "304": ("cudaErrorOperatingSystem: an OS call failed",
             "the device nodes are not accessible: check the permissions on /dev/nvidia* and that the container was started with the GPU devices"),
 }
@@ -422,6 +424,13 @@ _INIT_CODES: dict[str, tuple[str, str]] = {
 @deriver("cuda_init")
 def cuda_init(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     code = str(facts.get("code") or "").strip()
+    text = str(facts.get("code_text") or "").lower()
+    if not code and facts.get("unknown"):
+        code = "999"  # "CUDA unknown error" is cudaErrorUnknown
+    elif not code and "busy or unavailable" in text:
+        code = "46"
+    elif not code and "stub library" in text:
+        code = "34"
     if code in _INIT_CODES:
         meaning, hint = _INIT_CODES[code]
         return {"code_meaning": meaning, "code_hint": hint}

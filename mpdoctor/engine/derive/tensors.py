@@ -86,7 +86,12 @@ def device_name(text: str | None) -> str | None:
     """'CUDA:0' -> 'cuda:0'; 'cpu' -> 'cpu'; None when it is not a device."""
     if not text:
         return None
-    m = _DEVICE.match(str(text).strip().strip("'\"`!.,"))
+    s = str(text).strip().strip("'\"`!.,")
+    if s.isdigit():  # "device 1 does not equal 0" (torch 1.x): CUDA ordinals
+        return f"cuda:{s}"
+    if s.upper() in ("GPU", "CUDA"):
+        return "cuda"
+    m = _DEVICE.match(s)
     if not m:
         return None
     kind = m.group("type").lower()
@@ -166,6 +171,9 @@ def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
             out[f"{name}_wide"] = d
         elif d.startswith("float8"):
             out["fp8_dtype"] = d
+    for name in [k[:-len("_device")] for k in list(out) if k.endswith("_device")]:
+        if _device_kind(str(out[f"{name}_device"])) == "cpu":
+            out[f"{name}_cpu"] = "cpu"
     if len(pairs) >= 2:
         a, b = pairs[0], pairs[1]
         if out[f"{a}_dtype"] != out[f"{b}_dtype"]:
@@ -240,7 +248,7 @@ def nonfinite(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
                 out["op_hint"] = hint
     if len(hits) > 1:
         out["occurrences"] = len(hits)
-        values = [str(h.get("value")) for h in hits if h.get("value")]
-        if values:
-            out["values_seen"] = ", ".join(dict.fromkeys(values))
+        values = list(dict.fromkeys(str(h.get("value")) for h in hits if h.get("value")))
+        if len(values) > 1:
+            out["values_seen"] = ", ".join(values)
     return out

@@ -146,9 +146,16 @@ TORCH_ATTR_SINCE: dict[str, str] = {
 }
 
 
+_PIP_NAMES = {"pytorch": "torch", "flash_attn": "flash-attn", "huggingface_hub": "huggingface-hub",
+              "pytorch_lightning": "pytorch-lightning", "auto_gptq": "auto-gptq"}
+_IMPORT_NAMES = {"huggingface-hub": "huggingface_hub", "flash-attn": "flash_attn",
+                 "pytorch-lightning": "pytorch_lightning", "auto-gptq": "auto_gptq", "lightning": "lightning"}
+
+
 @deriver("versions")
 def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    pkg_fact = facts.get("package")
     req = parse_requirement(facts.get("required"))
     if req is not None:
         pkg, op, ver = req
@@ -170,6 +177,13 @@ def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any
                 out["prerelease_note"] = (
                     f"{found} is a pre-release build; version checks treat it as older than {ver}"
                 )
+    pkg = pkg_fact or out.get("package")
+    if pkg:
+        # What pip and Python call it ("PyTorch" is the `torch` distribution; the PyPI
+        # package named "pytorch" is a placeholder that must never be installed).
+        pip_name = _PIP_NAMES.get(str(pkg).lower(), str(pkg).lower())
+        out["pip_name"] = pip_name
+        out["import_name"] = _IMPORT_NAMES.get(pip_name, pip_name.replace("-", "_"))
     for key in ("torch_version", "found_torch", "you_have"):
         if facts.get(key):
             for k, v in torch_build(facts[key]).items():
@@ -267,10 +281,10 @@ def library_info(name: str | None) -> dict[str, str]:
         out["cuda_major"] = major
         if wheel and major in ("11", "12", "13"):  # the only CUDA majors with pip wheels
             out["pip_package"] = f"{wheel}-cu{major}"
-    elif key == "libnccl":
-        out["pip_package"] = "nvidia-nccl-cu12 (or -cu11 for a CUDA 11 build)"
     elif wheel:
-        out["pip_package"] = f"{wheel}-cu12 (or -cu11 for a CUDA 11 build)"
+        # the soversion does not say the CUDA major: name the current one, and the other
+        out["pip_package"] = f"{wheel}-cu12"
+        out["pip_alt"] = f"{wheel}-cu11"
     return out
 
 
@@ -321,19 +335,28 @@ def cuda_library(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str,
             ns = name.split("::")[0]
             if ns in _TORCH_NAMESPACES:
                 out["symbol_owner"] = "PyTorch"
-        if "__cxx11" in str(sym) or "cxx11" in str(sym):
-            out["cxx11_abi"] = "yes"
+        if "__cxx11" in str(sym):
+            out["cxx11_abi"] = "__cxx11"
         jit = re.match(r"__?nvJitLink\w*?_(\d+)_(\d+)$", str(sym))
         if jit:
             out["needs_nvjitlink"] = f"{jit.group(1)}.{jit.group(2)}"
         if str(sym).startswith(("cuda", "cublas", "cudnn", "nccl", "cusparse", "__nvJitLink", "nvJitLink")):
             out["symbol_owner"] = "a CUDA library"
+    ext = str(facts.get("extension") or "")
+    if ext.startswith("flash_attn"):
+        out["flash_attn_wheel"] = "flash-attn"
     path = str(facts.get("lib_path") or facts.get("ld_cuda") or "")
     m = re.search(r"cuda-(\d+\.\d+)", path)
     if m:
         out["system_cuda"] = m.group(1)
     if "site-packages/nvidia/" in path.replace("\\", "/") or "dist-packages/nvidia/" in path.replace("\\", "/"):
         out["from_pip_wheel"] = "yes"
-    if facts.get("missing_dep"):
-        out.update({f"dep_{k}": v for k, v in library_info(facts["missing_dep"]).items()})
+    # A dependency that failed to open (read as `_missing_dep`): only worth naming when it
+    # is not the library itself ("Could not load library X. Error: X: cannot open ...").
+    dep = str(facts.get("_missing_dep") or facts.get("missing_dep") or "").strip()
+    if dep and dep != out.get("library", str(facts.get("lib") or "")):
+        out["missing_dep"] = dep
+        if dep.startswith("libcuda.so"):
+            out["driver_lib_missing"] = dep
+        out.update({f"dep_{k}": v for k, v in library_info(dep).items()})
     return out

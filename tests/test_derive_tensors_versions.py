@@ -38,7 +38,9 @@ def test_tensor_type_names_carry_dtype_and_device():
 def test_devices_and_ops():
     assert device_name("cuda:0!") == "cuda:0"
     assert device_name("CPU") == "cpu"
-    assert device_name("GPU") is None
+    assert device_name("GPU") == "cuda"  # torch 1.x "is on CPU, but expected it to be on GPU"
+    assert device_name("1") == "cuda:1"  # torch 1.x "but device 1 does not equal 0"
+    assert device_name("weight") is None
     assert op_of("wrapper_CUDA__index_select") == "index_select"
     assert op_of("_thnn_conv2d_forward") == "conv2d"
 

@@ -312,3 +312,39 @@ def mps_oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
         if other > limit * 0.25:
             out["other_share"] = f"{100 * other / limit:.0f}%"
     return out
+
+
+# --- where a deprecation warning was raised -------------------------------------------
+
+_SITE = ("site-packages", "dist-packages")
+
+
+@deriver("warning_origin")
+def warning_origin(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    """`/x/site-packages/kornia/feature/lightglue.py:44: FutureWarning: ...` -> the
+    warning comes from the installed package `kornia`, not the user's code: nothing
+    for the user to edit, so it is only info."""
+    out: dict[str, Any] = {}
+    libraries: list[str] = []
+    own: list[str] = []
+    for h in hits:
+        path = str(h.get("warned_at") or "").replace("\\", "/")
+        if not path:
+            continue
+        parts = path.split("/")
+        site = next((i for i, p in enumerate(parts) if p in _SITE), None)
+        if site is not None and site + 1 < len(parts):
+            name = parts[site + 1]
+            if name.endswith(".py"):
+                name = name[:-3]
+            if name not in libraries:
+                libraries.append(name)
+        elif path not in own:
+            own.append(path)
+    if libraries:
+        out["from_libraries"] = ", ".join(libraries[:6])
+    if own:
+        out["from_your_code"] = ", ".join(own[:6])
+    if libraries and not own:
+        out["severity"] = "info"
+    return out

@@ -1,9 +1,12 @@
 """What follows from the hardware a log names: GPU model -> compute capability -> what
-it can run, a driver's CUDA number decoded, the build that has kernels for a GPU, and
-the dtype spellings of C++/Windows/legacy messages reduced to one name.
+it can run, a driver's CUDA number decoded, the builds that have kernels for a GPU, CUDA
+initialisation error codes, and the kernel's device from its name.
 
-Every table cites shared/reference/compat-facts.md (section numbers in the comments);
-the functions are pure and never raise, as a deriver must not.
+The compatibility data (GPU names, drivers per toolkit, torch builds and their
+architectures) is the one set of tables in mpdoctor/env/tables, read through
+mpdoctor.env.compat (pure: no torch, no pynvml). This module only adds what those tables
+do not hold: the first toolkit that knows an architecture, and CUDA's init error codes.
+Derivers are pure and never raise.
 """
 
 from __future__ import annotations
@@ -12,42 +15,27 @@ import re
 from typing import Any
 
 from . import deriver
+from .tensors import dtype_name
 
-# -- GPU model -> compute capability (compat-facts §1) ---------------------------------
-# Ordered: the first pattern that matches the lower-cased name wins, so the specific
-# names ("rtx 6000 ada", "titan xp") come before the ones they contain.
-_GPU_CC: list[tuple[str, str]] = [
-    (r"\bk80\b", "3.7"), (r"\bk40\b", "3.5"), (r"\bk20", "3.5"),
-    (r"\bm40\b|\bm60\b|gtx titan x\b|gtx 9[5-8]0", "5.2"),
-    (r"jetson nano", "5.3"), (r"\btx2\b", "6.2"),
-    (r"\bp100\b|gp100", "6.0"),
-    (r"titan xp|titan x \(pascal\)|nvidia titan x\b|\bp40\b|\bp4\b|gtx 10[5-8]0|\bp6000\b", "6.1"),
-    (r"titan v\b|\bv100|gv100", "7.0"),
-    (r"xavier", "7.2"),
-    (r"rtx 6000 ada|rtx [2-5]0{3} ada|\bl40s?\b|\bl4\b|rtx 40[5-9]0", "8.9"),
-    (r"rtx pro \d{4}|rtx 50[5-9]0", "12.0"),
-    (r"\bt4\b|rtx 20[5-8]0|gtx 16[5-6]0|quadro rtx [3-8]000|\btitan rtx\b|\brtx [4-8]000\b", "7.5"),
-    (r"\ba100\b|\ba800\b|\ba30\b", "8.0"),
-    (r"\borin\b", "8.7"),
-    (r"\ba10g?\b|\ba40\b|\ba16\b|\ba2\b|rtx a[2-6]000|rtx 30[5-9]0", "8.6"),
-    (r"\bgh200\b|\bh100\b|\bh200\b|\bh800\b|\bh20\b", "9.0"),
-    (r"\bgb300\b|\bb300\b", "10.3"),
-    (r"\bgb200\b|\bb200\b|\bb100\b", "10.0"),
-    (r"\bthor\b", "11.0"),
-    (r"\bgb10\b", "12.1"),
-]
-_GPU_CC_RX = [(re.compile(p), cc) for p, cc in _GPU_CC]
+
+def _compat():
+    # Imported on first use: explain only pays for the tables when a rule needs them.
+    from ...env import compat
+
+    return compat
+
+
+def _cc_tuple(cc: str | None) -> tuple[int, int] | None:
+    n = cc_number(cc)
+    return (n // 10, n % 10) if n is not None else None
 
 
 def cc_of_gpu_name(name: str | None) -> str | None:
-    """'Tesla V100-SXM2-32GB' -> '7.0'; None for a name not in the table."""
+    """'Tesla V100-SXM2-32GB' -> '7.0'; None for a name the GPU table does not know."""
     if not name:
         return None
-    low = re.sub(r"[-_]", " ", str(name).lower())
-    for rx, cc in _GPU_CC_RX:
-        if rx.search(low):
-            return cc
-    return None
+    row = _compat().gpu_by_name(str(name))
+    return str(row["cc"]) if row else None
 
 
 def normalise_cc(text: Any) -> str | None:
@@ -76,28 +64,10 @@ def cc_number(cc: str | None) -> int | None:
         return None
 
 
-def arch_of(cc: str | None) -> str | None:
-    """Compute capability -> architecture name (compat-facts §1)."""
-    n = cc_number(cc)
-    if n is None:
-        return None
-    if n < 50:
-        return "Kepler"
-    if n < 60:
-        return "Maxwell"
-    if n < 70:
-        return "Pascal"
-    if n in (70, 72):
-        return "Volta"
-    if n < 80:
-        return "Turing"
-    if n < 89:
-        return "Ampere"
-    if n == 89:
-        return "Ada Lovelace"
-    if n < 100:
-        return "Hopper"
-    return "Blackwell"
+def arch_of(cc: str | None, gpu: str | None = None) -> str | None:
+    """Compute capability (and the name, for the traps) -> architecture name."""
+    t = _cc_tuple(cc)
+    return _compat().arch_name(t, gpu) if t else None
 
 
 def _fp16_advice(n: int, arch: str | None) -> str:
@@ -132,7 +102,7 @@ def gpu_facts(facts: dict[str, Any], mode: str = "plain") -> dict[str, Any]:
     n = cc_number(cc)
     if cc is None or n is None:
         return out
-    arch = arch_of(cc)
+    arch = arch_of(cc, gpu)
     out["cc"] = cc
     out["sm"] = f"sm_{n}"
     if arch:
@@ -178,7 +148,7 @@ def gpu_fp8(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
 @deriver("gpu_flash")
 def gpu_flash(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out = gpu_facts(facts, "flash")
-    dtype = dtype_name(facts.get("dtype_raw"))
+    dtype = _dtype(facts.get("dtype_raw"))
     if dtype:
         out["dtype"] = dtype
         if dtype in ("float32", "float64"):
@@ -205,44 +175,33 @@ def _arch_list(text: Any) -> list[int]:
     return seen
 
 
-def build_hint(n: int) -> str:
-    """Where the kernels for compute capability n are (x86_64 pip wheels, compat-facts §5.2)."""
-    if n < 50:
-        return ("the last pip builds with Kepler kernels (sm_37) are torch 2.0-2.7 `cu118` wheels "
-                "(`pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu118`), "
-                "with a driver no newer than R470; CUDA 12 dropped Kepler")
-    if n < 70:
-        return ("only the `cu126` builds still carry sm_50/sm_60 kernels "
-                "(`pip install torch --index-url https://download.pytorch.org/whl/cu126`); "
-                "cu128, cu129, cu130 and cu132 wheels have none for Maxwell/Pascal")
-    if n in (70, 72):
-        return ("Volta (sm_70) kernels are in every `cu126` build "
-                "(`pip install torch --index-url https://download.pytorch.org/whl/cu126`) and in cu128 for torch 2.8-2.10; "
-                "cu130 and newer builds and torch 2.11's cu128 dropped Volta")
-    if n < 90:
+def build_hint(n: int) -> str | None:
+    """Which x86_64 pip builds have machine code for compute capability n, as a sentence."""
+    compat = _compat()
+    cc = (n // 10, n % 10)
+    if 75 <= n < 100:
         return ("every official CUDA pip wheel has kernels for this GPU, so the installed torch is a CPU-only, "
-                "ROCm or custom build: reinstall from https://pytorch.org/get-started/locally/")
-    if n < 100:
-        return ("Hopper (sm_90) needs a cu118 or newer build (torch >= 2.0; the cu117 wheels of torch 2.0 lack sm_90): "
-                "`pip install torch --index-url https://download.pytorch.org/whl/cu126`")
-    if n in (110,):
-        return "Jetson Thor (sm_110) is covered by the aarch64 `cu130` builds"
-    return ("Blackwell needs a CUDA 12.8+ build, torch >= 2.7: "
-            "`pip install torch --index-url https://download.pytorch.org/whl/cu128` "
-            "(or cu130 for current releases); cu126 and older wheels have no sm_100/sm_120 kernels")
+                "ROCm or custom build: reinstall it from https://pytorch.org/get-started/locally/")
+    builds = compat.builds_covering(cc)
+    if not builds:
+        return None
+    top = builds[0].split()  # "torch 2.6-2.13 cu126"
+    version, variant = top[1].split("-")[-1], top[2]
+    text = (f"the builds with kernels for sm_{n} are {', '.join(builds)}: e.g. "
+            f"`pip install \"torch=={version}.*\" --index-url https://download.pytorch.org/whl/{variant}`")
+    support = compat.arch_support(cc)
+    if support and support.get("last_driver_branch"):
+        text += f"; this GPU's last driver branch is {support['last_driver_branch']}"
+    if n >= 100:
+        # compat-facts §5.2/§3.2: Blackwell kernels arrived with the cu128 builds of torch 2.7.
+        text += " (Blackwell needs a CUDA 12.8+ build, torch >= 2.7, and an R570+ driver)"
+    return text
 
 
 def covers(build: list[int], n: int) -> bool:
-    """Whether a build's arch list runs on device CC n (same major, minor <=; Tegra exceptions)."""
-    tegra_only = {53, 62, 72, 87}
-    for b in build:
-        if b == n:
-            return True
-        if n in tegra_only:
-            continue
-        if b // 10 == n // 10 and b % 10 <= n % 10 and b not in tegra_only:
-            return True
-    return False
+    """Whether a build's arch list (sm_XY numbers) has machine code for device CC n."""
+    kind, _entry = _compat().arch_coverage((n // 10, n % 10), [f"sm_{b}" for b in build])
+    return kind == "sass"
 
 
 @deriver("no_kernel_image")
@@ -254,7 +213,9 @@ def no_kernel_image(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[s
     n = cc_number(out.get("cc"))
     if n is not None and not (facts.get("extension") and 75 <= n < 100):
         # With an extension named and a GPU every wheel covers, torch is not the culprit.
-        out["build_hint"] = build_hint(n)
+        hint = build_hint(n)
+        if hint:
+            out["build_hint"] = hint
         if build and not covers(build, n):
             out["missing_arch"] = f"sm_{n}"
     if n in (53, 62, 72, 87):
@@ -273,13 +234,12 @@ def no_kernel_image(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[s
     return out
 
 
-# The toolkit that first knows a `compute_XY` target, and the one that dropped it (§4.1).
+# The toolkit that first knows a `compute_XY` target (compat-facts §4.1); the one that
+# removed it is in env/tables/torch_builds.toml.
 _ARCH_FIRST_CUDA = {
     75: "10.0", 80: "11.0", 86: "11.1", 87: "11.4", 89: "11.8", 90: "11.8",
     100: "12.8", 101: "12.8", 120: "12.8", 103: "12.9", 121: "12.9", 110: "13.0",
 }
-_ARCH_DROPPED_IN = {30: "11.0", 32: "11.0", 35: "12.0", 37: "12.0",
-                    50: "13.0", 52: "13.0", 53: "13.0", 60: "13.0", 61: "13.0", 62: "13.0", 70: "13.0", 72: "13.0"}
 
 
 @deriver("nvcc_arch")
@@ -293,15 +253,19 @@ def nvcc_arch(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
     out["target_cc"] = f"{n // 10}.{n % 10}"
     if n in _ARCH_FIRST_CUDA:  # 'sm_90a' / 'compute_100f' share the number
         out["needs_cuda"] = _ARCH_FIRST_CUDA[n]
-    if n in _ARCH_DROPPED_IN:
-        out["dropped_in"] = _ARCH_DROPPED_IN[n]
+    dropped = _compat().removed_by_toolkit((n // 10, n % 10))
+    if dropped:
+        out["dropped_in"] = dropped
     return out
 
 
 # -- driver versions (compat-facts §3) ------------------------------------------------
 
 def decode_cuda_version(value: Any) -> str | None:
-    """cudaDriverGetVersion's integer: 11040 -> '11.4', 12020 -> '12.2', 9000 -> '9.0'."""
+    """cudaDriverGetVersion's integer: 11040 -> '11.4', 12020 -> '12.2', 9000 -> '9.0'.
+
+    Not versions.cuda_from_number: there a 4-digit number is MMmm ('1201' -> 12.1),
+    but the driver numbers torch prints are always 1000*major + 10*minor ('9000', '6050')."""
     try:
         v = int(str(value).strip())
     except (TypeError, ValueError):
@@ -311,46 +275,19 @@ def decode_cuda_version(value: Any) -> str | None:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-# Minimum driver per CUDA toolkit, GA release (§3.1 Table 3): (linux, windows).
-_TOOLKIT_DRIVER: dict[str, tuple[str, str]] = {
-    "13.2": ("595.45.04", "N/A"), "13.1": ("590.44.01", "N/A"), "13.0": ("580.65.06", "N/A"),
-    "12.9": ("575.51.03", "576.02"), "12.8": ("570.26", "570.65"), "12.6": ("560.28.03", "560.76"),
-    "12.5": ("555.42.02", "555.85"), "12.4": ("550.54.14", "551.61"), "12.3": ("545.23.06", "545.84"),
-    "12.2": ("535.54.03", "536.25"), "12.1": ("530.30.02", "531.14"), "12.0": ("525.60.13", "527.41"),
-    "11.8": ("520.61.05", "520.06"), "11.7": ("515.43.04", "516.01"), "11.6": ("510.39.01", "511.23"),
-    "11.5": ("495.29.05", "496.04"), "11.4": ("470.42.01", "471.11"), "11.3": ("465.19.01", "465.89"),
-    "11.2": ("460.27.03", "460.82"), "11.1": ("455.23", "456.38"), "11.0": ("450.51.05", "451.48"),
-    "10.2": ("440.33", "441.22"), "10.1": ("418.39", "418.96"), "10.0": ("410.48", "411.31"),
-}
-# Minor-version compatibility floors (§3.2): what a pip wheel of that CUDA major needs.
-_MAJOR_FLOOR: dict[int, tuple[str, str]] = {
-    11: ("450.80.02", "452.39"), 12: ("525.60.13", "528.33"), 13: ("580.65.06", "N/A"),
-}
-# Driver branch -> highest CUDA it supports (§3.3).
-_BRANCH_CUDA: list[tuple[int, str]] = [
-    (595, "13.2"), (590, "13.1"), (580, "13.0"), (575, "12.9"), (570, "12.8"), (560, "12.6"),
-    (555, "12.5"), (550, "12.4"), (545, "12.3"), (535, "12.2"), (530, "12.1"), (525, "12.0"),
-    (520, "11.8"), (515, "11.7"), (510, "11.6"), (495, "11.5"), (470, "11.4"), (465, "11.3"),
-    (460, "11.2"), (455, "11.1"), (450, "11.0"), (440, "10.2"), (418, "10.1"), (410, "10.0"),
-]
 # A build whose runtime the driver can run, by the CUDA major the driver supports.
 _BUILD_FOR_MAJOR = {
     10: "a CUDA 10.2 build (torch <= 1.12, `--index-url https://download.pytorch.org/whl/cu102`)",
-    11: "a cu118 build (torch <= 2.7: `pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu118`)",
+    11: "a cu118 build (torch <= 2.7: `pip install \"torch==2.7.*\" --index-url https://download.pytorch.org/whl/cu118`)",
     12: "a cu126 build (`pip install torch --index-url https://download.pytorch.org/whl/cu126`)",
 }
 
 
 def driver_max_cuda(driver: Any) -> str | None:
-    """'470.86' -> '11.4' (the highest CUDA that driver branch supports)."""
-    m = re.match(r"\s*(\d{3})\.", str(driver or ""))
-    if not m:
+    """'470.86' -> '11.4': the newest toolkit whose minimum driver this one meets."""
+    if not re.match(r"\s*\d{3}\.\d", str(driver or "")):
         return None
-    branch = int(m.group(1))
-    for b, cuda in _BRANCH_CUDA:
-        if branch >= b:
-            return cuda
-    return None
+    return _compat().driver_max_cuda(str(driver).strip())
 
 
 def _major(cuda: str | None) -> int | None:
@@ -387,16 +324,19 @@ def driver(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
         out["driver_cuda"] = driver_cuda
     need = _runtime_cuda(facts)
     if need:
+        compat = _compat()
         out["needed_cuda"] = need
-        major = _major(need)
-        floor = _MAJOR_FLOOR.get(major or -1)
-        exact = _TOOLKIT_DRIVER.get(need)
-        if floor:
-            out["min_driver_linux"], out["min_driver_windows"] = floor
-        elif exact:
-            out["min_driver_linux"], out["min_driver_windows"] = exact
+        # A pip wheel needs its CUDA major's minor-version-compatibility floor (§3.2);
+        # 10.x has none, so the toolkit's own minimum applies.
+        linux = compat.family_floor(need) or compat.toolkit_min_driver(need)
+        windows = compat.family_floor(need, windows=True) or compat.toolkit_min_driver(need, windows=True)
+        if linux:
+            out["min_driver_linux"] = linux
+        if windows:
+            out["min_driver_windows"] = windows
+        exact = compat.toolkit_min_driver(need)
         if exact:
-            out["toolkit_driver"] = exact[0]
+            out["toolkit_driver"] = exact  # what PTX from that toolkit needs
     dmajor = _major(driver_cuda)
     if dmajor in _BUILD_FOR_MAJOR and (need is None or (_major(need) or 0) > dmajor):
         out["older_build"] = _BUILD_FOR_MAJOR[dmajor]
@@ -437,31 +377,13 @@ def cuda_init(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
     return {}
 
 
-# -- dtype spellings -------------------------------------------------------------------
+# -- dtype spellings: one normaliser, in derive/tensors.py ------------------------------
 
-_DTYPES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"complexhalf|complex32", re.I), "complex32"),
-    (re.compile(r"float8_?e4m3fnuz", re.I), "float8_e4m3fnuz"),
-    (re.compile(r"float8_?e4m3fn|fp8e4nv|e4m3", re.I), "float8_e4m3fn"),
-    (re.compile(r"float8_?e5m2fnuz", re.I), "float8_e5m2fnuz"),
-    (re.compile(r"float8_?e5m2|fp8e5\b|e5m2", re.I), "float8_e5m2"),
-    (re.compile(r"bfloat16|\bbf16\b|BFloat16Tensor", re.I), "bfloat16"),
-    (re.compile(r"\bhalf\b|halftensor|float16|\bfp16\b|c10::half", re.I), "float16"),
-    (re.compile(r"\bdouble\b|doubletensor|float64", re.I), "float64"),
-    (re.compile(r"\bfloat\b|floattensor|float32|\bfp32\b", re.I), "float32"),
-]
-
-
-def dtype_name(text: Any) -> str | None:
-    """One name for a dtype however a message spells it: 'Half', 'c10::Half',
-    'struct c10::Half' (Windows), 'torch.cuda.HalfTensor', 'torch.float16' -> 'float16'."""
-    if text is None:
+def _dtype(raw: Any) -> str | None:
+    """tensors.dtype_name, keeping an unknown spelling (a new float8 variant) readable."""
+    if not raw:
         return None
-    s = str(text)
-    for rx, name in _DTYPES:
-        if rx.search(s):
-            return name
-    return None
+    return dtype_name(raw) or str(raw).strip().replace("torch.", "").lower()
 
 
 # Kernels whose name does not say the device but that exist only in the CPU backend.
@@ -503,7 +425,7 @@ def device_kind(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
 @deriver("half_op")
 def half_op(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    dtype = dtype_name(facts.get("dtype_raw"))
+    dtype = _dtype(facts.get("dtype_raw"))
     if dtype:
         out["dtype"] = dtype
     op = str(facts.get("op") or "")

@@ -130,6 +130,7 @@ def cuda_major(v: str | None) -> int | None:
 # release is certain are listed: a wrong "added in" is worse than none.
 TORCH_ATTR_SINCE: dict[str, str] = {
     "compile": "2.0",
+    "scaled_dot_product_attention": "2.0",  # torch.nn.functional
     "float8_e4m3fn": "2.1",
     "float8_e5m2": "2.1",
     "compiler": "2.1",
@@ -141,6 +142,7 @@ TORCH_ATTR_SINCE: dict[str, str] = {
     "uint32": "2.3",
     "uint64": "2.3",
     "register_fake": "2.4",
+    "RMSNorm": "2.4",  # torch.nn
     "custom_op": "2.4",
     "is_autocast_available": "2.4",
 }
@@ -226,6 +228,7 @@ _LIBS: dict[str, tuple[str, str | None, bool]] = {
     "cublas64": ("cuBLAS", "nvidia-cublas", True),
     "cublasLt64": ("cuBLASLt", "nvidia-cublas", True),
     "libnvrtc": ("NVRTC (runtime compilation)", "nvidia-cuda-nvrtc", True),
+    "libnvrtc-builtins": ("NVRTC's builtins library", "nvidia-cuda-nvrtc", True),
     "libnvJitLink": ("nvJitLink", "nvidia-nvjitlink", True),
     "libcusparse": ("cuSPARSE", "nvidia-cusparse", False),
     "libcufft": ("cuFFT", "nvidia-cufft", False),
@@ -241,7 +244,7 @@ _LIBS: dict[str, tuple[str, str | None, bool]] = {
     "libnvshmem_host": ("NVSHMEM", "nvidia-nvshmem", False),
 }
 _LIB_NAME = re.compile(
-    r"(?P<stem>(?:lib)?[A-Za-z][A-Za-z0-9]*?)(?:_(?P<part>[a-z_]+?))?(?:\.so(?:\.(?P<sover>\d+(?:\.\d+){0,2}))?|(?P<win>\d+)?(?:_(?P<winver>\d+))?\.dll)$"
+    r"(?P<stem>(?:lib)?[A-Za-z][A-Za-z0-9\-]*?)(?:_(?P<part>[a-z_]+?))?(?:\.so(?:\.(?P<sover>\d+(?:\.\d+){0,2}))?|(?P<win>\d+)?(?:_(?P<winver>\d+))?\.dll)$"
 )
 
 

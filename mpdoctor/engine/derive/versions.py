@@ -206,6 +206,9 @@ def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any
         since = TORCH_ATTR_SINCE.get(str(attr))
         if since:
             out["introduced_in"] = since
+    if facts.get("xformers_failed"):
+        # the warning's consequence is in the log: it is the cause of an error now
+        out["severity"] = "error"
     a, b = facts.get("cuda_a"), facts.get("cuda_b")
     ma, mb = cuda_major(a), cuda_major(b)
     if ma is not None and mb is not None:

@@ -154,6 +154,14 @@ _IMPORT_NAMES = {"huggingface-hub": "huggingface_hub", "flash-attn": "flash_attn
                  "pytorch-lightning": "pytorch_lightning", "auto-gptq": "auto_gptq", "lightning": "lightning"}
 
 
+# torch submodules whose appearance/removal is certain.
+TORCH_MODULE_CHANGES: dict[str, tuple[str, str]] = {
+    "torch._six": ("removed", "2.0"),
+    "torch._dynamo": ("added", "2.0"),
+    "torch.compiler": ("added", "2.1"),
+}
+
+
 @deriver("versions")
 def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -201,7 +209,19 @@ def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any
         out["cudnn_runtime_version"] = cr
     if cc and cr:
         out["cudnn_runtime_is"] = "older" if compare(cr, cc) == -1 else "newer" if compare(cr, cc) == 1 else "the same"
+    mod = facts.get("torch_module")
+    if mod:
+        out["missing_api"] = str(mod)
+        change = TORCH_MODULE_CHANGES.get(str(mod))
+        if change and change[0] == "removed":
+            out["module_removed"] = str(mod)
+            out["module_change"] = f"was removed in torch {change[1]}"
+        elif change:
+            out["introduced_in"] = change[1]
+            out["module_change"] = f"first appeared in torch {change[1]}"
     attr = facts.get("attr")
+    if attr:
+        out["missing_api"] = f"{facts.get('module', 'torch')}.{attr}"
     if attr and str(facts.get("module", "torch")).split(".")[0] == "torch":
         since = TORCH_ATTR_SINCE.get(str(attr))
         if since:

@@ -185,8 +185,10 @@ def build_hint(n: int) -> str | None:
     builds = compat.builds_covering(cc)
     if not builds:
         return None
-    top = builds[0].split()  # "torch 2.6-2.13 cu126"
-    version, variant = top[1].split("-")[-1], top[2]
+    # Suggest a CUDA 12 build where one exists: it runs on older drivers (R525+/R570+)
+    # than the cu13x builds (R580+), compat-facts §3.2.
+    pick = next((b for b in builds if " cu12" in b), builds[0]).split()  # "torch 2.6-2.13 cu126"
+    version, variant = pick[1].split("-")[-1], pick[2]
     text = (f"the builds with kernels for sm_{n} are {', '.join(builds)}: e.g. "
             f"`pip install \"torch=={version}.*\" --index-url https://download.pytorch.org/whl/{variant}`")
     support = compat.arch_support(cc)
@@ -194,7 +196,7 @@ def build_hint(n: int) -> str | None:
         text += f"; this GPU's last driver branch is {support['last_driver_branch']}"
     if n >= 100:
         # compat-facts §5.2/§3.2: Blackwell kernels arrived with the cu128 builds of torch 2.7.
-        text += " (Blackwell needs a CUDA 12.8+ build, torch >= 2.7, and an R570+ driver)"
+        text += " (Blackwell needs a CUDA 12.8+ build, torch >= 2.7, and an R570+ driver; cu13x builds need R580+)"
     return text
 
 

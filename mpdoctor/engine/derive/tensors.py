@@ -201,13 +201,15 @@ def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
     distinct_devices = list(dict.fromkeys(devices))
     if distinct_devices:
         out["devices"] = " and ".join(distinct_devices)
-    gpus = [d for d in distinct_devices if _device_kind(d) != "cpu"]
+    gpus = [d for d in distinct_devices if _device_kind(d) not in ("cpu", "meta")]
     if gpus:
         out["gpu_device"] = gpus[0]
     if len(gpus) >= 2 and len({_device_kind(d) for d in gpus}) == 1 and "cpu" not in distinct_devices:
         out["two_gpus"] = " and ".join(gpus[:2])
     if gpus and "cpu" in [_device_kind(d) for d in distinct_devices]:
         out["cpu_side"] = "cpu"
+    if "meta" in distinct_devices:
+        out["meta_device"] = "meta"
     if len(distinct_dtypes) >= 2 and len(hits) > 1:
         out["occurrences"] = len(hits)
     return out

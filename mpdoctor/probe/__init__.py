@@ -13,7 +13,7 @@ from argparse import Namespace
 from typing import Any
 
 from .analysis import build_rows, recommend
-from .report import ProbeReport, print_terminal, to_markdown
+from .report import ProbeReport, print_terminal, to_markdown, to_text_lines
 from .runner import MODES, ProbeOptions, Progress, run_modes
 
 __all__ = ["MODES", "ProbeOptions", "ProbeReport", "run_probe", "run_probe_for_check", "probe_main"]
@@ -35,12 +35,27 @@ def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeRepo
                        options=options, wall_s=meta["wall_s"])
 
 
-def run_probe_for_check(opts: ProbeOptions | None = None, *, progress: bool = True) -> ProbeReport:
-    """For `mpdoctor check --probe`: the default probe, with the progress bar on a
-    terminal. Append it with `report.findings` (ranked, categorised like check's own),
-    `report.to_dict()` under a "probe" key in JSON, `to_markdown(report)` or
-    `print_terminal(report, console)`."""
-    opts = opts or ProbeOptions()
+def run_probe_for_check(snapshot: dict[str, Any] | None = None, opts: ProbeOptions | None = None, *,
+                        progress: bool = True) -> dict[str, Any]:
+    """For `mpdoctor check --probe` (the contract in mpdoctor/check.py): the default
+    probe of this machine as a dict, the probe's JSON plus "findings" (Finding objects,
+    to join check's report) and "lines" (the table as plain text, printed under
+    "Probe"). A snapshot whose torch does not import is not probed: every child would
+    fail the same way check already reports."""
+    torch_status = ((snapshot or {}).get("torch") or {}).get("status", "ok")
+    if torch_status != "ok":
+        return {"findings": [], "lines": [f"not run: torch does not import here ({torch_status}); "
+                                          "see the findings above"], "ran": False}
+    report = run_probe_with_progress(opts or ProbeOptions(), progress=progress)
+    out = report.to_dict()
+    out["findings"] = report.findings
+    out["lines"] = to_text_lines(report)
+    out["ran"] = True
+    return out
+
+
+def run_probe_with_progress(opts: ProbeOptions, *, progress: bool = True) -> ProbeReport:
+    """run_probe with the rich progress bar on stderr, only when it is a terminal."""
     bar = _ProgressBar(opts) if progress and sys.stderr.isatty() else None
     try:
         return run_probe(opts, bar.update if bar else None)
@@ -82,7 +97,7 @@ class _ProgressBar:
 def options_from_args(args: Namespace) -> ProbeOptions:
     modes = [m.strip() for m in str(args.modes).split(",") if m.strip()]
     opts = ProbeOptions(modes=modes, model=args.model, batch_size=args.batch_size, device=args.device,
-                        stress=bool(args.stress))
+                        stress=bool(args.stress), rules=list(getattr(args, "rules", []) or []))
     if args.steps is not None:
         opts.steps = args.steps
     if getattr(args, "timeout", None) is not None:
@@ -92,12 +107,15 @@ def options_from_args(args: Namespace) -> ProbeOptions:
 
 
 def probe_main(args: Namespace) -> int:
+    from ..engine.rules import RuleError, load_rules
+
     try:
         opts = options_from_args(args)
-    except ValueError as exc:
+        load_rules(opts.rules)  # a bad rules folder is the user's error, said before any run
+    except (ValueError, RuleError) as exc:
         sys.stderr.write(f"mpdoctor: {exc}\n")
         return EXIT_BAD_INPUT
-    report = run_probe_for_check(opts)
+    report = run_probe_with_progress(opts)
     if args.format == "json":
         sys.stdout.write(report.to_json())
     elif args.format == "markdown":

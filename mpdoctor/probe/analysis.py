@@ -91,7 +91,9 @@ def _max_rel_diff(a: list[float] | None, ref: list[float] | None) -> float | Non
     worst = 0.0
     for x, y in zip(a, ref):
         d = abs(x - y)
-        if not d <= worst:  # catches nan too
+        if not math.isfinite(d):  # an overflowed logit: no finite difference to report
+            return math.inf
+        if d > worst:
             worst = d
     return worst / scale
 
@@ -122,13 +124,14 @@ def _last_exception_line(text: str) -> str | None:
     return found
 
 
-def _explain(text: str) -> tuple[list[Finding], list[str]]:
+def _explain(text: str, rules: list[str]) -> tuple[list[Finding], list[str]]:
     """The rule base over a child's stderr, as `mpdoctor explain` sees it."""
     if not text.strip():
         return [], []
+    from ..engine.rules import load_rules
     from ..explain import explain_text
 
-    report = explain_text(text)
+    report = explain_text(text, load_rules(rules))
     return report.findings, [u.exception for u in report.unrecognised]
 
 
@@ -146,13 +149,13 @@ def build_rows(outcomes: list[ChildOutcome], opts: ProbeOptions) -> list[ModeRow
                       timed_out=out.timed_out, wall_s=round(out.wall_s, 2))
         if out.result is None:
             row.error = _death(out, opts)
-            found, unknown = _explain(out.stderr_tail)
+            found, unknown = _explain(out.stderr_tail, opts.rules)
             row.findings = [_tagged(f, out.mode) for f in found]
             if not found and unknown:
                 row.note = f"not recognised by the rule base: {unknown[-1]}"
         else:
             _fill_measured(row, out.result, base_res, opts)
-            found, _ = _explain(out.stderr_tail)
+            found, _ = _explain(out.stderr_tail, opts.rules)
             row.findings = [_tagged(f, out.mode) for f in found] + _own_findings(row, out.result, base_res, opts)
         row.findings = _dedupe(rank_findings(row.findings))
         rows.append(row)
@@ -363,6 +366,11 @@ def _usable(r: ModeRow) -> bool:
             and (r.loss_rel_diff is None or r.loss_rel_diff <= MAX_LOSS_REL_DIFF))
 
 
+def _percent(v: float) -> str:
+    """0.003 -> 0.3%, 1.4e-05 -> 0.0014%: small differences keep two figures."""
+    return f"{v:.1%}" if v >= 0.001 else f"{v * 100:.2g}%"
+
+
 def _gain_words(r: ModeRow) -> str:
     parts = []
     if r.speedup is not None:
@@ -372,7 +380,7 @@ def _gain_words(r: ModeRow) -> str:
         parts.append(f"{r.memory_saving:.0%} less memory" if r.memory_saving >= 0 else
                      f"{-r.memory_saving:.0%} more memory")
     if r.loss_rel_diff is not None:
-        parts.append(f"loss within {r.loss_rel_diff:.1%}")
+        parts.append(f"loss within {_percent(r.loss_rel_diff)}")
     return ", ".join(parts)
 
 

@@ -145,6 +145,7 @@ def _device_facts(torch: Any, device: Any) -> dict[str, Any]:
         facts["capability"] = ".".join(map(str, torch.cuda.get_device_capability(idx)))
         facts["bf16_supported"] = bool(torch.cuda.is_bf16_supported())
         facts["cuda"] = torch.version.cuda
+        facts["total_memory_bytes"] = int(torch.cuda.get_device_properties(idx).total_memory)
     elif device.type == "cpu":
         name, flags = "", set()
         try:
@@ -170,6 +171,10 @@ def _device_facts(torch: Any, device: Any) -> dict[str, Any]:
 
 def _pick_device(torch: Any, wanted: str | None) -> Any:
     if wanted:
+        # Touch it: without a usable device torch raises its own error here (e.g. "Torch
+        # not compiled with CUDA enabled"), which the rule base explains; accelerate
+        # would quietly fall back to the CPU instead.
+        torch.empty(1, device=wanted)
         return torch.device(wanted)
     if torch.cuda.is_available():
         return torch.device("cuda")

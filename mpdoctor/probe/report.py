@@ -71,7 +71,7 @@ def _rel(v: float | None) -> str:
         return "–"
     if not math.isfinite(v):
         return "inf"
-    return f"{v:.2%}" if v >= 1e-4 else f"{v:.1e}"
+    return f"{v:.2%}" if v >= 1e-4 else f"{v * 100:.1g}%"
 
 
 def _time(row: ModeRow) -> str:
@@ -119,7 +119,8 @@ def table_rows(report: ProbeReport) -> tuple[list[str], list[list[str]]]:
     for r in report.rows:
         cells = [r.mode + (" (baseline)" if r.baseline_only else ""), _works(r), _time(r),
                  _x(r.speedup, r), _bytes(r.peak_memory_bytes), _pct(r.memory_saving, r),
-                 _rel(r.loss_rel_diff), _rel(r.logits_rel_diff), r.autocast_dtype or "–", _scaler(r),
+                 "ref" if r.mode == "no" and r.ok else _rel(r.loss_rel_diff),
+                 "ref" if r.mode == "no" and r.ok else _rel(r.logits_rel_diff), r.autocast_dtype or "–", _scaler(r),
                  str(r.nonfinite_count) if r.ok else "–"]
         if stress:
             cells.append(_peak(r.peak_activation))
@@ -174,6 +175,17 @@ def _memory_kind(report: ProbeReport) -> str:
              "cuda.max_memory_allocated": "torch.cuda.max_memory_allocated",
              "mps.current_allocated_memory": "torch.mps.current_allocated_memory after the loop"}
     return ", ".join(names.get(k, k) for k in sorted(kinds)) or "not measured"
+
+
+def to_text_lines(report: ProbeReport) -> list[str]:
+    """The table in plain fixed-width text, then the footer: for reports that embed the
+    probe (check --probe prints these lines as they are)."""
+    cols, body = table_rows(report)
+    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    lines = [fmt.format(*cols).rstrip(), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*cells).rstrip() for cells in body]
+    return lines + _footer_lines(report)
 
 
 def to_markdown(report: ProbeReport, heading: str = "mpdoctor probe", findings: bool = True) -> str:

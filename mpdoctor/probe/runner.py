@@ -38,6 +38,7 @@ class ProbeOptions:
     timeout_s: float = 180.0
     seed: int = 0
     overhead_steps: int = 5
+    rules: list[str] = field(default_factory=list)  # extra rule folders for explaining failures
 
     def validate(self) -> None:
         bad = [m for m in self.modes if m not in MODES]

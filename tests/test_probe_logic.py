@@ -1,0 +1,146 @@
+"""The probe's judgement, without children: rows from measurements, the honesty rules
+(no speed-up for a mode that did not run), and the recommendation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from mpdoctor.probe.analysis import ModeRow, build_rows, recommend
+from mpdoctor.probe.report import ProbeReport, to_markdown
+from mpdoctor.probe.runner import ChildOutcome, ProbeOptions
+
+
+def row(mode: str, **kw) -> ModeRow:
+    base = dict(ok=True, ran_as_requested=True, step_time_s=0.1, speedup=1.0, memory_saving=0.0,
+                loss_rel_diff=0.0, autocast_dtype={"no": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(mode),
+                skipped_steps=0, steps=20)
+    base.update(kw)
+    return ModeRow(mode=mode, **base)
+
+
+def test_fastest_good_mode_is_recommended_with_its_reason_and_config_line():
+    rec = recommend([row("no"), row("fp16", speedup=1.5, memory_saving=0.3, loss_rel_diff=0.004),
+                     row("bf16", speedup=1.8, memory_saving=0.45, loss_rel_diff=0.003)])
+    assert rec["mode"] == "bf16"
+    assert rec["reason"] == "bf16: 1.80× faster than fp32, 45% less memory, loss within 0.3%"
+    assert rec["config"]["accelerate_config"] == "mixed_precision: bf16"
+    assert rec["config"]["code"] == 'Accelerator(mixed_precision="bf16")'
+
+
+def test_near_tie_prefers_bf16_over_fp16():
+    rec = recommend([row("no"), row("fp16", speedup=1.62), row("bf16", speedup=1.58)])
+    assert rec["mode"] == "bf16"
+
+
+def test_clear_fp16_win_beats_bf16():
+    rec = recommend([row("no"), row("fp16", speedup=2.4), row("bf16", speedup=1.3)])
+    assert rec["mode"] == "fp16"
+
+
+def test_a_mode_that_did_not_run_is_never_recommended():
+    # A "speed-up" on a mode whose first matmul stayed float32 is noise, not fp16.
+    rec = recommend([row("no"), row("fp16", ran_as_requested=False, autocast_dtype="float32", speedup=1.3)])
+    assert rec["mode"] == "no"
+    assert "fp16 did not run" in rec["reason"]
+
+
+def test_nonfinite_far_loss_and_skipping_modes_are_excluded():
+    rows = [row("no"), row("fp16", speedup=2.0, nonfinite_count=3), row("bf16", speedup=1.9, loss_rel_diff=0.2)]
+    rec = recommend(rows)
+    assert rec["mode"] == "no"
+    assert "non-finite" in rec["reason"] and "20.0% off fp32" in rec["reason"]
+    assert recommend([row("no"), row("fp16", speedup=2.0, skipped_steps=10)])["mode"] == "no"
+
+
+def test_slower_but_leaner_mode_is_offered_for_memory_bound_training():
+    rec = recommend([row("no"), row("bf16", speedup=0.6, memory_saving=0.3)])
+    assert rec["mode"] == "no"
+    assert rec["if_memory_bound"]["mode"] == "bf16"
+    assert "30% less memory" in rec["if_memory_bound"]["reason"]
+
+
+def test_as_fast_and_leaner_is_recommended_on_memory():
+    rec = recommend([row("no"), row("bf16", speedup=1.02, memory_saving=0.4)])
+    assert rec["mode"] == "bf16" and rec["basis"] == "memory"
+
+
+def test_busy_machine_is_said_in_the_recommendation():
+    rec = recommend([row("no", cpu_used_by_others=0.6), row("bf16", speedup=1.5)])
+    assert rec["mode"] == "bf16" and rec["timings_reliable"] is False
+    assert "busy" in rec["reason"]
+
+
+def test_no_working_mode_recommends_nothing():
+    rec = recommend([row("no", ok=False), row("bf16", ok=False)])
+    assert rec["mode"] is None and rec["config"] is None
+
+
+def _result(mode: str, step: float, peak: int, dtype: str, loss: float, logits: list[float]) -> dict:
+    return {"mode": mode, "ok": True, "device": {"type": "cpu", "name": "test cpu", "native_bf16": []},
+            "accelerate": "1.16.0", "native_amp": mode != "fp16", "steps": 10, "warmup": 2,
+            "step_times_s": [step] * 10, "step_time_s": step, "final_loss": loss,
+            "peak_memory_bytes": peak, "memory_kind": "rss_peak_growth", "autocast_dtype": dtype,
+            "fp8_modules": 0, "observed": {"skipped_steps": 0, "scaler": {"present": False}, "nonfinite": [],
+                                           "nonfinite_count": 0, "findings": [], "source": "probe-minimal"},
+            "eval": {"peak_abs": 3.0, "nonfinite_logits": 0, "logits": logits, "logits_count": len(logits)}}
+
+
+def _outcome(mode: str, result: dict | None, **kw) -> ChildOutcome:
+    base = dict(returncode=0 if result else 1, timed_out=False, wall_s=1.0, stderr_tail="",
+                last_phase="train", last_step=0)
+    base.update(kw)
+    return ChildOutcome(mode=mode, result=result, **base)
+
+
+def test_rows_compare_against_fp32_and_refuse_gains_for_a_mode_that_did_not_run():
+    ref = [1.0, -2.0, 4.0, 0.5]
+    outs = [_outcome("no", _result("no", 0.10, 100, "float32", 2.0, ref)),
+            # accelerate's fp16 on a CPU: fp32 really ran (and happened to be faster)
+            _outcome("fp16", _result("fp16", 0.08, 80, "float32", 2.0, ref)),
+            _outcome("bf16", _result("bf16", 0.05, 60, "bfloat16", 2.01, [1.0, -2.0, 4.02, 0.5]))]
+    rows = {r.mode: r for r in build_rows(outs, ProbeOptions())}
+    assert rows["fp16"].speedup is None and rows["fp16"].memory_saving is None
+    assert rows["fp16"].ran_as_requested is False
+    f = rows["fp16"].findings[0]
+    assert (f.category, f.severity, f.rule) == ("fp16-unsupported-device", "warning", "probe-fp16-not-applied")
+    assert "float32" in f.title
+    assert abs(rows["bf16"].speedup - 2.0) < 1e-9
+    assert abs(rows["bf16"].memory_saving - 0.4) < 1e-9
+    assert abs(rows["bf16"].loss_rel_diff - 0.005) < 1e-9
+    assert abs(rows["bf16"].logits_rel_diff - 0.02 / 4.0) < 1e-9  # max |diff| over max |ref|
+    rep = ProbeReport(rows=list(rows.values()), recommendation=recommend(list(rows.values())),
+                      options={"steps": 10, "warmup": 2})
+    md = to_markdown(rep)
+    assert "| fp16 | ! ran float32 | 80.0 ms" in md and "n/a (not run)" in md
+    assert "Recommendation: bf16: 2.00× faster than fp32, 40% less memory, loss within 0.5%" in md
+    data = json.loads(rep.to_json())
+    assert data["modes"][1]["speedup"] is None and data["modes"][1]["findings"][0]["category"] == "fp16-unsupported-device"
+
+
+def test_failed_child_row_carries_the_rule_base_explanation():
+    tail = ("Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
+            "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half\n")
+    outs = [_outcome("no", _result("no", 0.1, 100, "float32", 2.0, [1.0])),
+            _outcome("fp16", None, stderr_tail=tail, last_step=2)]
+    rows = build_rows(outs, ProbeOptions())
+    assert rows[1].ok is False
+    assert rows[1].error == "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half"
+    assert rows[1].findings and rows[1].findings[0].category == "dtype-mismatch"
+    assert rows[1].findings[0].facts["mode"] == "fp16"
+
+
+def test_parent_side_never_imports_torch():
+    code = ("import sys, mpdoctor.probe, mpdoctor.probe.analysis, mpdoctor.probe.report, mpdoctor.cli;"
+            "bad = [m for m in ('torch', 'accelerate', 'numpy') if m in sys.modules];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_bad_arguments_exit_2_with_a_clear_message():
+    for args in (["--modes", "fp32"], ["--steps", "1"], ["--batch-size", "0"]):
+        out = subprocess.run([sys.executable, "-m", "mpdoctor", "probe", *args], capture_output=True, text=True)
+        assert out.returncode == 2, args
+        assert out.stderr.startswith("mpdoctor: ") and "Traceback" not in out.stderr

@@ -64,6 +64,7 @@ CASES = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # anomaly mode warns by design
 @pytest.mark.parametrize("rule, fn", CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(CASES)])
 def test_real_message_is_diagnosed(rule, fn):
     log = _raised(fn)

@@ -348,3 +348,17 @@ def warning_origin(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[st
     if libraries and not own:
         out["severity"] = "info"
     return out
+
+
+# --- fallout of another rank's failure --------------------------------------------------
+
+
+@deriver("peer_fallout")
+def peer_fallout(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    """A lost connection to a peer is the echo of that peer's failure: when another
+    exception is in the log (the rule's context reads it into `other_error`), this
+    finding is only a warning, so a non-GPU error elsewhere (a KeyError) is not turned
+    into an error-severity communication finding."""
+    if facts.get("other_error"):
+        return {"severity": "warning"}
+    return {}

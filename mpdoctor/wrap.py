@@ -508,12 +508,16 @@ def _merge_into(explained: list[Finding], inst: list[Finding]) -> list[Finding]:
     """An instrumentation finding of the same category as a log finding sharpens it (the
     log knows the message and the fix; the instrumentation knows the module and step)."""
     out = list(explained)
+    taken: set[int] = set()
     for f in inst:
         target = next((e for e in explained if e.category == f.category and e.severity == "error"
-                       and f.severity == "error"), None)
+                       and f.severity == "error" and id(e) not in taken), None)
         if target is None:
             out.append(f)
             continue
+        taken.add(id(target))
+        target.priority = max(target.priority, f.priority)
+        target.consequence = target.consequence and f.consequence
         for k, v in f.facts.items():
             target.facts.setdefault(k, v)
         target.evidence.extend(f.evidence)

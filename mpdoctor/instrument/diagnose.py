@@ -309,8 +309,15 @@ def plan_summary_finding(plan: dict[str, Any]) -> Finding:
 
 def findings_for(snap: dict[str, Any], *, with_plan: bool = False) -> list[Finding]:
     out: list[Finding] = []
-    for nf in snap.get("nonfinite") or []:
-        out.append(nonfinite_finding(nf))
+    nonfinite = snap.get("nonfinite") or []
+    for i, nf in enumerate(nonfinite):
+        f = nonfinite_finding(nf)
+        if i:  # later than the first: what the first one left behind (NaN'd weights, ...)
+            first = nonfinite[0]
+            f.consequence = True
+            f.explanation = (f"This follows the {_what(first['kind'])} found earlier (step {first['step']}, "
+                             f"{first['phase']}, `{first['module']}`). " + f.explanation)
+        out.append(f)
     for err in snap.get("errors") or []:
         f = error_finding(err)
         if f is not None:

@@ -93,8 +93,18 @@ def install_torch() -> None:
             return result
         return update
 
+    def scaler_seen(orig: Callable) -> Callable:
+        # a scaler made before watch() was called is met here, once per step
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _WATCHERS:
+                _dispatch("on_scaler_seen", self)
+            return orig(self, *args, **kwargs)
+        return method
+
     _wrap(grad_scaler.GradScaler, "__init__", scaler_init)
     _wrap(grad_scaler.GradScaler, "update", scaler_update)
+    _wrap(grad_scaler.GradScaler, "scale", scaler_seen)
+    _wrap(grad_scaler.GradScaler, "unscale_", scaler_seen)
 
     def backward(orig: Callable) -> Callable:
         def backward(self: Any, *args: Any, **kwargs: Any) -> Any:

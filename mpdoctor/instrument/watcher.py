@@ -401,14 +401,16 @@ class Watcher:
         self.plan.autocast_enabled = bool(state.get(t.device.type))
 
     # ---- the once-per-step read ---------------------------------------------------
-    def _flush_safely(self) -> None:
+    def flush(self) -> None:
+        """Copy the pending values to the host (one sync per device) and look at them."""
         try:
-            self.flush()
+            self._flush()
         except Exception as exc:
             self._fail(exc)
 
-    def flush(self) -> None:
-        """Copy the pending values to the host (one sync per device) and look at them."""
+    _flush_safely = flush
+
+    def _flush(self) -> None:
         if self.disabled or not self._meta:
             self._out_cache.clear()
             return
@@ -464,7 +466,7 @@ class Watcher:
                     norm_by_step[step] = seg[0] if seg else float("nan")
                 elif seg:
                     norm_by_step.setdefault(step, math.nan if bad else max(seg))
-                if bad and first_pgrad is None:
+                if bad and first_pgrad is None and kind == "pgrad":
                     first_pgrad = (i, aux[1][bad[0]], "nan" if math.isnan(seg[bad[0]]) else "inf")
             elif kind == "scale":
                 before, after = vals[off], vals[off + 1]
@@ -489,16 +491,19 @@ class Watcher:
             kind, mod, dev, off, aux, step, dtype = meta[first_loss]
             self._add_nonfinite(NonFinite(module="(loss)", phase="forward", step=step, dtype=_dtype_name(dtype),
                                           kind="nan" if math.isnan(values[dev][off]) else "inf", origin="loss"))
+        # NaN in the backward of a step whose forward already had one is only its echo
+        fwd_step = min((n.step for n in self.nonfinite if n.phase == "forward"), default=None)
         if first_bwd is not None:
             kind, mod, dev, off, aux, step, dtype = meta[first_bwd]
-            if step not in skipped and not self._scaler_active():
+            if step not in skipped and not self._scaler_active() and (fwd_step is None or step < fwd_step):
                 vals = values[dev]
                 nan = math.isnan(vals[off]) or math.isnan(vals[off + 1])
                 self._add_nonfinite(NonFinite(
                     module=self.name_of(mod) if kind == "gin" else "(loss)", module_type=type(mod).__name__,
                     phase="backward", step=step, dtype=_dtype_name(dtype), kind="nan" if nan else "inf",
                     origin="module" if kind == "gin" else "loss"))
-        elif first_pgrad is not None and not (skipped or self._scaler_active()):
+        elif first_pgrad is not None and not (skipped or self._scaler_active()) and \
+                (fwd_step is None or meta[first_pgrad[0]][5] < fwd_step):
             i, pname, what = first_pgrad
             step = meta[i][5]
             module = pname.rsplit(".", 1)[0] if "." in pname else self.name_of(self._primary)
@@ -611,11 +616,14 @@ class Watcher:
         self.plan.grad_scaler = True
         self.plan.grad_scaler_enabled = bool(getattr(scaler, "_enabled", True))
 
+    def on_scaler_seen(self, scaler: Any) -> None:
+        if not any(s is scaler for s in self._scalers):
+            self.on_scaler_created(scaler)
+
     def on_scale(self, scaler: Any, before: Tensor, after: Tensor) -> None:
         if self.disabled:
             return
-        if scaler not in self._scalers:
-            self.on_scaler_created(scaler)
+        self.on_scaler_seen(scaler)
         dev = before.device
         lst = self._scalars.setdefault(dev, [])
         lst.append(before.reshape(()))
@@ -709,8 +717,8 @@ class Watcher:
                 self.plan.distributed_type = str(getattr(acc, "distributed_type", "")).replace("DistributedType.", "")
                 self.plan.num_processes = int(getattr(acc, "num_processes", 1))
                 scaler = getattr(acc, "scaler", None)
-                if scaler is not None and scaler not in self._scalers:
-                    self.on_scaler_created(scaler)
+                if scaler is not None:
+                    self.on_scaler_seen(scaler)
             except Exception as exc:
                 self._fail(exc)
         if self.plan.requested is None and os.environ.get("ACCELERATE_MIXED_PRECISION"):

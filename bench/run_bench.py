@@ -1,0 +1,154 @@
+"""Benchmarks for `mpdoctor run`, printed as ratios to the bare baseline (no asserts).
+
+(a) passthrough: a child printing a few million lines, wrapped vs bare wall time;
+(b) step overhead on the CPU bench model (4-layer TransformerEncoder, d_model 256,
+    sequence 128, batch 8, bf16 autocast), forward + backward + optimizer step:
+    mpdoctor's instrumentation vs torch.autograd.detect_anomaly(check_nan=True) vs
+    transformers' DebugUnderflowOverflow, each as a ratio to the bare step.
+
+    python bench/run_bench.py                # both
+    python bench/run_bench.py --only step --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_passthrough(lines: int, repeats: int) -> None:
+    child = [sys.executable, "-c", f"import sys\nw = sys.stdout.write\nfor i in range({lines}): w(f'line {{i}} "
+                                   f"loss 0.{{i % 9973:04d}}\\n')"]
+    env = dict(os.environ)
+    env.pop("PYTHONUNBUFFERED", None)  # a training script's stdout to a file is block-buffered
+    wrapped = [sys.executable, "-m", "mpdoctor", "run", "--"] + child
+
+    def timed(cmd: list[str]) -> float:
+        with tempfile.TemporaryFile() as out:
+            start = time.perf_counter()
+            subprocess.run(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, check=True, cwd=ROOT)
+            return time.perf_counter() - start
+
+    bare, wrap = [], []
+    for _ in range(repeats):  # interleaved, so that machine noise hits both alike
+        bare.append(timed(child))
+        wrap.append(timed(wrapped))
+    b, w = statistics.median(bare), statistics.median(wrap)
+    print(f"passthrough  {lines:,} lines: bare {b:.3f} s, wrapped {w:.3f} s  ->  {w / b:.3f}x  (goal <= 1.2x)")
+
+
+def bench_step(steps: int, warmup: int, rounds: int) -> None:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    def make():
+        layer = nn.TransformerEncoderLayer(d_model=256, nhead=8, dim_feedforward=1024, batch_first=True,
+                                           dropout=0.0)
+        model = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+        return model, torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    x = torch.randn(8, 128, 256)
+
+    def step(model, opt):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def run_steps(model, opt, n: int) -> float:
+        for _ in range(warmup):
+            step(model, opt)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            step(model, opt)
+            times.append(time.perf_counter() - t)
+        return min(times)  # the machine is shared: the least disturbed step is the honest one
+
+    def mpdoctor_on(model):
+        from mpdoctor.instrument import watch
+
+        h = watch()  # process-wide, exactly what `mpdoctor run` installs in the child
+
+        def off():
+            h.flush()
+            assert not h.internal_errors, h.internal_errors
+            h.close()
+        return off
+
+    def anomaly_on(model):
+        ctx = torch.autograd.detect_anomaly(check_nan=True)
+        ctx.__enter__()
+        return lambda: ctx.__exit__(None, None, None)
+
+    def debug_on(model):
+        from transformers.debug_utils import DebugUnderflowOverflow
+
+        DebugUnderflowOverflow(model, max_frames_to_save=21)
+
+        def off():  # it has no remove(); its hooks are forward hooks on every module
+            for m in model.modules():
+                m._forward_hooks.clear()
+        return off
+
+    configs = {"bare": None, "mpdoctor": mpdoctor_on, "detect_anomaly": anomaly_on,
+               "DebugUnderflowOverflow": debug_on}
+    try:
+        import transformers.debug_utils  # noqa: F401
+    except ImportError as exc:
+        print(f"DebugUnderflowOverflow unavailable: {exc} (pip install transformers)")
+        del configs["DebugUnderflowOverflow"]
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
+    model, opt = make()
+    ratios: dict[str, list[float]] = {k: [] for k in configs}
+    times: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(rounds):  # interleaved: every round measures bare next to each tool
+        base = run_steps(model, opt, steps)
+        times["bare"].append(base)
+        ratios["bare"].append(1.0)
+        for name, on in configs.items():
+            if on is None:
+                continue
+            off = on(model)
+            t = run_steps(model, opt, steps)
+            off()
+            times[name].append(t)
+            ratios[name].append(t / base)
+    print(f"step overhead, TransformerEncoder 4x256, seq 128, batch 8, bf16 autocast, fwd+bwd+step, "
+          f"{rounds} rounds x {steps} steps, {torch.get_num_threads()} threads; ratio to the bare step "
+          f"of the same round (median over rounds):")
+    for name in configs:
+        print(f"  {name:24s} {statistics.median(times[name]) * 1000:8.1f} ms  ->  "
+              f"{statistics.median(ratios[name]):.2f}x  (rounds: {', '.join(f'{r:.2f}' for r in ratios[name])})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=("passthrough", "step"))
+    ap.add_argument("--lines", type=int, default=3_000_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per configuration per round")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if args.only in (None, "passthrough"):
+        bench_passthrough(args.lines, args.repeats)
+    if args.only in (None, "step"):
+        bench_step(args.steps, args.warmup, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

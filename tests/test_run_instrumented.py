@@ -1,0 +1,119 @@
+"""`mpdoctor run` over the real training scripts in fixtures/scripts/, torch on the CPU.
+
+Each test runs one real child (about 2-3 s of torch import); what is asserted is what a
+user reads: the exit status, their own output untouched, and the findings in --report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "fixtures" / "scripts"
+PY = sys.executable
+
+
+def wrapped(script: str, tmp_path: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    report = tmp_path / "report.json"
+    p = subprocess.run([PY, "-m", "mpdoctor", "run", "--report", str(report), *extra, "--", PY, str(SCRIPTS / script)],
+                       capture_output=True, timeout=120, cwd=tmp_path, env=env)
+    return p, json.loads(report.read_text())
+
+
+def by_rule(data: dict, rule: str) -> dict:
+    hits = [f for f in data["findings"] if f["rule"] == rule]
+    assert hits, f"no {rule} in {[f['rule'] for f in data['findings']]}"
+    return hits[0]
+
+
+def errors(data: dict) -> list[dict]:
+    return [f for f in data["findings"] if f["severity"] == "error"]
+
+
+def test_fp16_overflow_is_localised_to_the_layer_forward_and_step(tmp_path: Path) -> None:
+    p, data = wrapped("fp16_overflow.py", tmp_path)
+    assert p.returncode == data["exit_code"] == 1
+    assert p.stdout.endswith(b"Loss is nan, stopping training\n")
+    top = errors(data)[0]
+    assert top["category"] == "non-finite-values"
+    facts = top["facts"]
+    assert (facts["module"], facts["phase"], facts["step"], facts["dtype"], facts["kind"]) == \
+        ("blocks.2.proj", "forward", 3, "float16", "inf")
+    assert facts["origin"] == "module" and abs(facts["input_max"]) < 10  # finite input, the layer made it
+    warn = by_rule(data, "instrument-near-overflow")
+    assert warn["severity"] == "warning" and warn["category"] == "fp16-value-overflow"
+    assert (warn["facts"]["module"], warn["facts"]["step"], warn["facts"]["absmax"]) == ("blocks.2.proj", 2, 40000.0)
+    plan = data["precision_plan"]
+    assert plan["autocast_dtype"] == "float16" and plan["grad_scaler"] is True
+    # the child's output first, our diagnosis after it, on stderr
+    assert b"blocks.2.proj" in p.stderr and b"blocks.2.proj" not in p.stdout
+
+
+def test_dtype_mismatch_names_the_halved_submodule(tmp_path: Path) -> None:
+    p, data = wrapped("dtype_mismatch.py", tmp_path)
+    assert p.returncode == 1
+    top = data["findings"][0]
+    assert top["category"] == "dtype-mismatch"
+    assert top["facts"]["module"] == "head" and top["facts"]["step"] == 0
+    inst = by_rule(data, top["rule"])  # the log rule, sharpened by the instrumentation's context
+    assert inst["facts"]["param_dtypes"] == {"float16@cpu": 2}
+    assert inst["facts"]["inputs"][0]["dtype"] == "float32"
+    assert inst["facts"]["autocast"] == "off"
+    assert not [f for f in data["findings"] if f["rule"] == "instrument-internal-error"]
+
+
+def test_nan_only_in_backward_is_found_in_the_backward_of_its_module(tmp_path: Path) -> None:
+    p, data = wrapped("nan_backward.py", tmp_path)
+    assert p.returncode == 0  # the script does not notice
+    top = errors(data)[0]
+    assert (top["facts"]["module"], top["facts"]["phase"], top["facts"]["step"]) == ("blocks.1.dist", "backward", 0)
+    # the forward only goes non-finite one step later, through the NaN'd weights
+    fwd = by_rule(data, "instrument-nonfinite-forward")
+    assert fwd["facts"]["step"] == 1 and fwd["facts"]["phase"] == "forward"
+
+
+def test_host_allocation_failure_gets_module_and_host_memory(tmp_path: Path) -> None:
+    p, data = wrapped("host_oom.py", tmp_path)
+    assert p.returncode == 1
+    top = data["findings"][0]
+    assert top["category"] == "host-out-of-memory"
+    assert top["facts"]["module"] == "attn"
+    assert top["facts"]["host_memtotal_bytes"] > 0 and top["facts"]["host_vmrss_bytes"] > 0
+    assert top["facts"]["requested_bytes"] == 8 * 1024 ** 4
+
+
+def test_exit_0_with_nan_loss_is_still_reported(tmp_path: Path) -> None:
+    p, data = wrapped("nan_loss_exit0.py", tmp_path)
+    assert p.returncode == data["exit_code"] == 0
+    assert p.stdout.endswith(b"step 3 loss nan\ndone\n")
+    top = errors(data)[0]
+    assert (top["facts"]["module"], top["facts"]["phase"], top["facts"]["step"]) == ("pool", "forward", 2)
+    assert b"`pool`" in p.stderr and b"step 2" in p.stderr
+
+
+def test_clean_run_identical_output_no_error_findings(tmp_path: Path) -> None:
+    bare = subprocess.run([PY, str(SCRIPTS / "clean_train.py")], capture_output=True, timeout=120, cwd=tmp_path)
+    p, data = wrapped("clean_train.py", tmp_path)
+    assert p.returncode == bare.returncode == 0
+    assert p.stdout == bare.stdout and p.stderr == bare.stderr
+    assert data["findings"] == []
+    assert data["precision_plan"]["autocast_dtype"] == "bfloat16"
+    assert data["precision_plan"]["autocast_enabled"] is True
+
+
+def test_instrumentation_failing_changes_nothing_and_is_reported(tmp_path: Path) -> None:
+    bare = subprocess.run([PY, str(SCRIPTS / "nan_loss_exit0.py")], capture_output=True, timeout=120, cwd=tmp_path)
+    env = dict(os.environ, MPDOCTOR_INSTRUMENT_FAIL="1")
+    p, data = wrapped("nan_loss_exit0.py", tmp_path, env=env)
+    assert p.returncode == bare.returncode == 0
+    assert p.stdout == bare.stdout
+    assert p.stderr == bare.stderr  # only an info finding: nothing printed
+    info = by_rule(data, "instrument-internal-error")
+    assert info["severity"] == "info" and "MPDOCTOR_INSTRUMENT_FAIL" in info["evidence"][0]["text"]

@@ -192,53 +192,51 @@ def _skips_by_reason(skipped: list[dict[str, Any]]) -> list[tuple[str, list[str]
 
 def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check") -> None:
     """The glanceable form of `mpdoctor check`: environment, precision plan, one line
-    per area (✓ / ! / ✗ / – skipped) with each finding's first fix beneath."""
+    per area (✓ / ! / ✗ / – skipped) with each finding's first fix beneath. Wrapped
+    lines keep their indent, so the fix stays visibly under its finding."""
+    from rich.padding import Padding
     from rich.text import Text
+
+    def line(indent: int, *parts: tuple[str, str]) -> None:
+        t = Text()
+        for text, style in parts:
+            t.append(text, style=style)
+        console.print(Padding(t, (0, 0, 0, indent), expand=False))
 
     c = report.extra.get("checklist", {})
     console.print(Text(heading, style="bold"))
-    for line in c.get("environment", []):
-        console.print(Text("  " + line, style="dim"))
+    for text in c.get("environment", []):
+        line(2, (text, "dim"))
     console.print(Text("Precision plan", style="bold"))
-    for line in c.get("plan", []):
-        console.print(Text("  " + line))
+    for text in c.get("plan", []):
+        line(2, (text, ""))
     for m in c.get("modes", []):
-        t = Text("  ")
-        t.append(CHECK_SYMBOL.get(m["status"], "?") + " ", style=CHECK_STYLE.get(m["status"], ""))
-        t.append(_mode_text(m))
-        console.print(t)
+        line(2, (CHECK_SYMBOL.get(m["status"], "?") + " ", CHECK_STYLE.get(m["status"], "")), (_mode_text(m), ""))
     console.print(Text("Checklist", style="bold"))
     for area in c.get("areas", []):
-        t = Text(" ")
-        t.append(CHECK_SYMBOL[area["status"]] + " ", style=CHECK_STYLE[area["status"]])
-        t.append(area["title"], style="bold" if area["status"] in ("error", "warning") else "")
-        if area.get("summary"):
-            t.append("  " + area["summary"], style="dim")
-        console.print(t)
+        strong = "bold" if area["status"] in ("error", "warning") else ""
+        line(1, (CHECK_SYMBOL[area["status"]] + " ", CHECK_STYLE[area["status"]]), (area["title"], strong),
+             ("  " + area["summary"] if area.get("summary") else "", "dim"))
         for item in area.get("items", []):
-            sym = SYMBOL.get(item["severity"], "?")
             count = f" (×{item['count']})" if item.get("count", 1) > 1 else ""
-            line = Text("     ")
-            line.append(f"{sym} ", style=STYLE.get(item["severity"], ""))
-            line.append(item["title"] + count)
-            line.append(f"  [{item['rule']}]", style="dim")
-            console.print(line)
+            line(5, (SYMBOL.get(item["severity"], "?") + " ", STYLE.get(item["severity"], "")),
+                 (item["title"] + count, ""), (f"  [{item['rule']}]", "dim"))
             if item.get("fix"):
-                console.print(Text("       → " + item["fix"], style="cyan"))
+                line(7, ("→ " + item["fix"], "cyan"))
     if c.get("fp8"):
         console.print(Text("fp8 backends", style="bold"))
         for name, installed, verdict in _fp8_rows(c["fp8"]):
-            console.print(Text(f"  {name:<18} {installed:<16} {verdict}"))
+            line(2, (f"{name:<18} {installed:<16} {verdict}", ""))
     probe = report.extra.get("probe") or {}
     if probe.get("lines"):
         console.print(Text("Probe", style="bold"))
-        for line in probe["lines"]:
-            console.print(Text("  " + line))
+        for text in probe["lines"]:
+            line(2, (text, ""))
     skipped = c.get("skipped", [])
     if skipped:
         console.print(Text(f"Skipped ({len(skipped)}): not judged here, neither passed nor failed", style="bold"))
         for reason, rules in _skips_by_reason(skipped):
-            console.print(Text(f"  – {reason}: {', '.join(rules)}", style="dim"))
+            line(2, (f"– {reason}: {', '.join(rules)}", "dim"))
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
     infos = sum(f.severity == "info" for f in report.findings)

@@ -217,3 +217,18 @@ def test_check_snapshot_never_imports_torch(live_snapshot):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.stdout.strip() == "0 []", r.stdout + r.stderr
+
+
+def test_explain_here_sharpens_with_this_machine(tmp_path):
+    import torch
+
+    log = tmp_path / "device.log"
+    log.write_text("RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) "
+                   "should be the same\n")
+    r = run(["explain", str(log), "--here", "--format", "json"])
+    assert r.returncode == 1, r.stderr
+    report = json.loads(r.stdout)
+    assert report["input"]["snapshot"] == "live"
+    top = report["findings"][0]
+    assert top["category"] == "device-mismatch"
+    assert f"This machine has no GPU torch can use (torch {torch.__version__} is a CPU-only build)." in top["explanation"]

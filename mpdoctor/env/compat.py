@@ -142,7 +142,7 @@ _TEGRA_ONLY = {(5, 3), (6, 2), (7, 2), (8, 7)}
 _ENTRY = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 
 
-def _entry_cc(digits: str) -> Capability:
+def entry_cc(digits: str) -> Capability:
     return (int(digits[:-1]), int(digits[-1]))
 
 
@@ -160,7 +160,7 @@ def arch_coverage(cc: Capability, arch_list: list[str]) -> tuple[str | None, str
         if not m:
             continue
         kind, digits, suffix = m.groups()
-        ecc = _entry_cc(digits)
+        ecc = entry_cc(digits)
         if kind == "compute":
             if ecc <= cc and suffix == "":
                 best_ptx = raw

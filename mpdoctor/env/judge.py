@@ -209,8 +209,11 @@ def _plan_lines(view: EnvView) -> list[str]:
         lines.append("requested: nothing (no --mixed-precision, no accelerate config, no ACCELERATE_MIXED_PRECISION): "
                      "every mode judged")
     if view.config_section.get("exists") or view.env.get("ACCELERATE_MIXED_PRECISION"):
-        lines.append(f"`accelerate launch` trains in {plan.under_launch or 'no'}; "
-                     f"`python train.py` with Accelerator() trains in {plan.under_python}")
+        def said(mode: str | None) -> str:
+            return "fp32 (mixed_precision no)" if mode in (None, "no") else mode
+
+        lines.append(f"`accelerate launch` trains in {said(plan.under_launch)}; "
+                     f"`python train.py` with Accelerator() trains in {said(plan.under_python)}")
     for d in plan.disagreements:
         lines.append(f"disagreement: {d.first} = {d.first_value} vs {d.second} = {d.second_value}: {d.consequence}")
     return lines

@@ -51,6 +51,14 @@ def _gpu_facts(g: Gpu) -> dict[str, Any]:
             "arch": g.arch, "memory": gib(g.total_memory_bytes)}
 
 
+def _no_nvml(v: EnvView) -> Skip | None:
+    """One reason, worded once, for every check that needs the NVIDIA driver."""
+    if v.nvml_ok:
+        return None
+    err = (v.nvml.get("error") or {}).get("message") or v.nvml.get("status")
+    return Skip(f"no NVIDIA driver answered ({err})")
+
+
 def _need_torch(v: EnvView) -> Skip | None:
     status = v.torch.get("status")
     if status == "ok":
@@ -270,9 +278,8 @@ def _build_cuda(v: EnvView) -> tuple[str | None, str]:
 def _driver_skip(v: EnvView) -> Skip | None:
     if v.hip_build or "+rocm" in str(v.pkg("torch") or ""):
         return Skip(f"ROCm build (HIP {v.hip_build or '?'}): NVIDIA driver checks do not apply")
-    if not v.nvml_ok:
-        err = (v.nvml.get("error") or {}).get("message", v.nvml.get("status"))
-        return Skip(f"no NVIDIA driver to compare ({err})")
+    if (s := _no_nvml(v)):
+        return s
     if not v.nvml.get("driver_version"):
         return Skip("the driver version is not in the snapshot")
     return None
@@ -373,7 +380,7 @@ def no_kernel_image(v: EnvView) -> Result:
         facts.update({"arch_list": " ".join(archs), "torch_version": v.torch_version,
                       "builds": ", ".join(compat.builds_covering(g.cc)) or None,
                       "removed_in": compat.removed_by_toolkit(g.cc)})
-        newest = max((compat._entry_cc(a.split("_")[1].rstrip("af")) for a in archs if a.startswith("sm_")), default=None)
+        newest = max((compat.entry_cc(a.split("_")[1].rstrip("af")) for a in archs if a.startswith("sm_")), default=None)
         if newest and g.cc > newest:
             facts["newer_than_build"] = "yes"
         hits.append(Hit(facts, [(g.cc_path, g.cc_text), (path, " ".join(archs))]))
@@ -384,6 +391,8 @@ def no_kernel_image(v: EnvView) -> Result:
 def ptx_only(v: EnvView) -> Result:
     if v.hip_build:
         return Skip("ROCm build: gfx targets are not compared here")
+    if v.torch_ok and not v.torch.get("cuda_build"):
+        return Skip("CPU-only torch: no GPU kernels at all (see cpu-only-torch-with-gpu)")
     archs, path = _build_archs(v)
     if not archs:
         return Skip("the build's architecture list is not known")
@@ -514,8 +523,8 @@ def cpu_torch_with_gpu(v: EnvView) -> Result:
         return s
     if v.torch.get("cuda_build") or v.torch.get("hip_build"):
         return []
-    if not v.nvml_ok:
-        return Skip("no NVIDIA driver answered, so no GPU to miss")
+    if (s := _no_nvml(v)):
+        return s
     if not v.nvml_gpus:
         return []
     names = ", ".join(str(g.get("name")) for g in v.nvml_gpus)
@@ -716,8 +725,8 @@ def cuda_visible_devices_invalid(v: EnvView) -> Result:
     value = v.env.get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return []
-    if not v.nvml_ok:
-        return Skip("no NVIDIA driver answered: the GPUs CUDA_VISIBLE_DEVICES names cannot be checked")
+    if (s := _no_nvml(v)):
+        return s
     shown, invalid = parse_visible_devices(value, v.nvml_gpus)
     if invalid:
         return [Hit({"value": value, "invalid": ", ".join(invalid), "count": len(v.nvml_gpus),
@@ -803,8 +812,8 @@ def accelerate_config_unreadable(v: EnvView) -> Result:
 
 @predicate
 def gpu_memory_held(v: EnvView) -> Result:
-    if not v.nvml_ok:
-        return Skip("no NVIDIA driver answered (NVML): GPU memory use cannot be read")
+    if (s := _no_nvml(v)):
+        return s
     hits = []
     for i, g in enumerate(v.nvml_gpus):
         mem = g.get("memory") or {}
@@ -843,8 +852,8 @@ def host_memory_low(v: EnvView) -> Result:
 
 @predicate
 def gpu_ecc_errors(v: EnvView) -> Result:
-    if not v.nvml_ok:
-        return Skip("no NVIDIA driver answered (NVML)")
+    if (s := _no_nvml(v)):
+        return s
     return [Hit({"gpu": f"GPU {g.get('index', i)} {g.get('name')}", "errors": g["ecc_uncorrected_volatile"]},
                 [(f"nvml.gpus[{i}].ecc_uncorrected_volatile", g["ecc_uncorrected_volatile"])])
             for i, g in enumerate(v.nvml_gpus) if (g.get("ecc_uncorrected_volatile") or 0) > 0]

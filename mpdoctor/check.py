@@ -19,7 +19,7 @@ import sys
 from argparse import Namespace
 from typing import Any
 
-from .commands import EXIT_BAD_INPUT, EXIT_ERROR_FINDING, EXIT_OK, fail, load_or_fail
+from .commands import EXIT_ERROR_FINDING, EXIT_OK, fail, load_or_fail
 from .findings import has_error, rank_findings
 
 
@@ -36,10 +36,9 @@ def _attach_probe(report: Any, snapshot: dict[str, Any]) -> None:
         report.extra["probe"] = {"error": f"the probe is not available in this build ({exc})"}
         return
     result = run_probe_for_check(snapshot) or {}
-    found = list(result.get("findings", []))
-    report.findings = rank_findings(report.findings + found)
+    # the probe's findings join the report's own list; the rest is the probe's table
+    report.findings = rank_findings(report.findings + list(result.get("findings", [])))
     report.extra["probe"] = {k: v for k, v in result.items() if k != "findings"}
-    report.extra["probe"]["findings"] = [f.to_dict() for f in found]
 
 
 def check_main(args: Namespace) -> int:

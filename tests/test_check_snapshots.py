@@ -202,3 +202,12 @@ def test_a_rule_naming_an_unknown_check_is_exit_2(tmp_path):
         '[[example]]\nsnapshot = "a.json"\n[[near_miss]]\nsnapshot = "b.json"\n')
     rc, _, err = check("--snapshot", str(SNAPS / "a100-bf16.json"), "--rules", str(tmp_path))
     assert rc == 2 and "no_such_check" in err
+
+
+def test_probe_hook_appends_the_probe_section():
+    # a snapshot whose torch does not import is not probed; the probe says so under "Probe"
+    rc, out, _ = check("--snapshot", str(SNAPS / "torch-missing-libcudart.json"), "--probe")
+    assert rc == 1
+    assert "Probe" in out and "not run: torch does not import here (import-error)" in out
+    rc, out, _ = check("--snapshot", str(SNAPS / "torch-missing-libcudart.json"), "--probe", "--format", "json")
+    assert json.loads(out)["probe"]["ran"] is False

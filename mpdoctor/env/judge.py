@@ -59,11 +59,7 @@ def _title(rule: Rule, facts: dict[str, Any]) -> str:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "(not set)"
-    if isinstance(value, bool):
-        return str(value)
-    return str(value)
+    return "(not set)" if value is None else str(value)
 
 
 def _finding(rule: Rule, hit: Hit) -> Finding:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from . import compat
-from .plan import MODES, fp8_matrix, uses_deepspeed, uses_fsdp, what_runs
+from .plan import MODES, fp8_matrix, uses_deepspeed
 from .versions import compare, parse_requirement, release, satisfies
 from .view import EnvView, Gpu, parse_visible_devices
 

@@ -90,8 +90,9 @@ def test_live_check_with_fp16_config_reports_silent_fp32(tmp_path):
     assert plan["requested"] == "fp16" and plan["effective"] == "fp32"
 
 
-def test_live_checklist_shows_the_fp16_verdict_at_a_glance(tmp_path):
-    r = run(["check", "--config-file", str(config(tmp_path, "fp16"))])
+def test_live_checklist_shows_the_fp16_verdict_at_a_glance(live_snapshot, tmp_path):
+    # the recorded live snapshot: the same judge as a live run, without a second torch import
+    r = run(["check", "--snapshot", str(live_snapshot), "--config-file", str(config(tmp_path, "fp16"))])
     assert r.returncode == 1
     out = r.stdout
     assert "✗ Hardware precision" in out

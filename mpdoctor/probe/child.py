@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import json
+from array import array
 import os
 import statistics
 import sys
@@ -214,7 +215,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if fault == "dtype":
         model = model.half()
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec.get("lr", 1e-3)))
-    observer = attach(accelerator, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     batches = [(x.to(device), y.to(device)) for x, y in work.batches]
     eval_x, eval_y = (t.to(device) for t in work.eval_batch)
@@ -233,10 +233,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     work.model.record = False
     logits32 = logits.detach().float().cpu().contiguous()
     logits_path = Path(spec["logits_path"])
-    logits_path.write_bytes(logits32.numpy().tobytes())
+    # Through array, not .numpy(): torch does not require numpy.
+    logits_path.write_bytes(array("f", logits32.flatten().tolist()).tobytes())
     eval_facts = {"loss": eval_loss, "peak_abs": work.model.peak_abs,
                   "nonfinite_logits": int((~torch.isfinite(logits32)).sum()),
                   "logits_file": str(logits_path), "logits_count": logits32.numel()}
+
+    # Watched from the first training step on: its step numbers are the training's,
+    # and the fixed-batch evaluation above is not part of the run it reports.
+    observer = attach(accelerator, model)
 
     def train_step(i: int) -> tuple[float, float]:
         x, y = batches[i % len(batches)]

@@ -91,7 +91,7 @@ class WatchObserver(MinimalObserver):
         self.nonfinite = []
         self._step = 0
         self._hooks = []
-        # Before prepare(): the handle then sees prepare, the scaler and the plan.
+        # After prepare(): the handle finds the prepared model on the accelerator.
         self.handle = watch(accelerator)
         self.watch_error: str | None = None
 
@@ -134,7 +134,7 @@ class WatchObserver(MinimalObserver):
 
 
 def attach(accelerator: Any, model: nn.Module) -> MinimalObserver:
-    """The probe's one entry point into run instrumentation; call it before prepare()."""
+    """The probe's one entry point into run instrumentation; call it after prepare()."""
     try:
         from mpdoctor.instrument import watch  # type: ignore[attr-defined]
     except Exception:

@@ -56,13 +56,13 @@ def _bytes(n: int | None) -> str:
 
 def _x(v: float | None, row: ModeRow) -> str:
     if row.ok and not row.ran_as_requested and row.mode != "no":
-        return "n/a (not run)"
+        return "n/a"
     return "–" if v is None else f"{v:.2f}×"
 
 
 def _pct(v: float | None, row: ModeRow) -> str:
     if row.ok and not row.ran_as_requested and row.mode != "no":
-        return "n/a (not run)"
+        return "n/a"
     return "–" if v is None else f"{v:.0%}"
 
 
@@ -114,7 +114,7 @@ def table_rows(report: ProbeReport) -> tuple[list[str], list[list[str]]]:
     cols = list(COLUMNS)
     stress = bool(report.options.get("stress"))
     if stress:
-        cols.append("peak |act|")
+        cols.append("peak activation")
     body = []
     for r in report.rows:
         cells = [r.mode + (" (baseline)" if r.baseline_only else ""), _works(r), _time(r),
@@ -152,9 +152,11 @@ def _footer_lines(report: ProbeReport) -> list[str]:
                      f"{', '.join(r.mode for r in busy)} ran. Run the probe on an idle machine.")
     oh = report.overhead
     if oh:
+        noisy = any(r.mode == "no" for r in busy)
         lines.append(f"Instrumentation overhead: {oh['ratio']:.2f}× step time ({oh['source']}; "
-                     f"{oh['steps']} steps with vs without it in the fp32 child). Every mode is timed with it "
-                     "attached, so the speed-ups compare like with like.")
+                     f"{oh['steps']} steps with vs without it in the fp32 child"
+                     + ("; unreliable, the machine was busy" if noisy else "")
+                     + "). Every mode is timed with it attached, so the speed-ups compare like with like.")
     d, w = report.device, report.workload
     if d:
         extra = f", {d.get('threads')} threads" if d.get("threads") else ""

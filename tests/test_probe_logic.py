@@ -113,7 +113,7 @@ def test_rows_compare_against_fp32_and_refuse_gains_for_a_mode_that_did_not_run(
     rep = ProbeReport(rows=list(rows.values()), recommendation=recommend(list(rows.values())),
                       options={"steps": 10, "warmup": 2})
     md = to_markdown(rep)
-    assert "| fp16 | ! ran float32 | 80.0 ms | n/a |" in md
+    assert "| fp16 | ! ran float32 | 80.0 ms ±0% | n/a | 80 B | n/a |" in md
     assert "Recommendation: bf16: 2.00× faster than fp32, 40% less memory, loss within 0.5%" in md
     data = json.loads(rep.to_json())
     assert data["modes"][1]["speedup"] is None and data["modes"][1]["findings"][0]["category"] == "fp16-unsupported-device"

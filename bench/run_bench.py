@@ -143,10 +143,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="timed steps per configuration per round")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for the step bench (default: torch's; 1 is steadier on a shared machine)")
     args = ap.parse_args()
     if args.only in (None, "passthrough"):
         bench_passthrough(args.lines, args.repeats)
     if args.only in (None, "step"):
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
         bench_step(args.steps, args.warmup, args.rounds)
 
 

@@ -269,13 +269,21 @@ def run_pty(cmd: list[str], env: dict[str, str]) -> ChildResult:
     tail = OutputTail()
     start = time.monotonic()
     master, slave = pty.openpty()
-    stdin_tty, stderr_tty = _isatty(0), _isatty(2)
+    # Relay the keyboard only from the foreground: a backgrounded `mpdoctor run ... &` that
+    # read the terminal would be stopped (SIGTTIN), and the training with it.
+    stdin_tty, stderr_tty = _isatty(0) and _foreground(0), _isatty(2)
     saved = None
-    if stdin_tty:
-        try:
+    try:
+        if _isatty(0):
             termios.tcsetattr(slave, termios.TCSANOW, termios.tcgetattr(0))
-        except termios.error:
-            pass
+        if not stdin_tty:
+            # Our terminal stays cooked (we do not own it), so it turns \n into \r\n itself:
+            # the child's side must not do it a second time.
+            attrs = termios.tcgetattr(slave)
+            attrs[1] &= ~termios.OPOST
+            termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    except termios.error:
+        pass
     _copy_winsize(master)
 
     def become_session_leader_of_pty() -> None:
@@ -527,6 +535,9 @@ def _merge_into(explained: list[Finding], inst: list[Finding]) -> list[Finding]:
             where = ", ".join(str(x) for x in (f.facts.get("phase"), f"step {f.facts['step']}"
                                                if f.facts.get("step") is not None else None) if x)
             target.title += f" — in `{module}`" + (f" ({where})" if where else "")
+        # the instrumentation's fixes that name the module are the most specific ones
+        local = [x for x in f.fixes if module and f"`{module}`" in x and x not in target.fixes]
+        target.fixes = local + target.fixes
         if f.explanation and f.explanation not in target.explanation:
             target.explanation = (f.explanation + " " + target.explanation).strip()
     return out
@@ -570,7 +581,7 @@ def rank_summary(records: list[Any]) -> list[dict[str, Any]]:
             else:
                 status = "failed first" if r.rank == first_rank else "failed"
             if status in ("timed out", "lost its peer") and where:
-                status = f"waited ({where.removeprefix('in ')}), {status}"
+                status = f"waited in {where.removeprefix('in ')} and {status}"
             entry["status"] = status + (" and was killed" if r.exit is None else "")
             entry["exception"] = text
             if exc.get("module"):
@@ -578,7 +589,7 @@ def rank_summary(records: list[Any]) -> list[dict[str, Any]]:
         elif r.exit is not None:
             entry["status"] = "finished"
         elif where and where.startswith("in "):
-            entry["status"] = f"waited ({where[3:]}) and was killed"
+            entry["status"] = f"waited in {where[3:]} and was killed"
         else:
             entry["status"] = "was killed" + (f" during {where}" if where else "")
         out.append(entry)
@@ -595,8 +606,10 @@ def _rank_finding(ranks: list[dict[str, Any]]) -> Finding:
             s += f" ({r['exception'][:120]}" + (f", in `{r['module']}`" if r.get("module") else "") + ")"
         parts.append(s)
     first = next((r for r in ranks if r["status"] == "failed first"), None)
-    title = (f"Rank {first['rank']} failed first; " if first else "") + \
-        f"{len(ranks)} ranks: " + ", ".join(f"{r['rank']} {r['status']}" for r in ranks)
+    title = "; ".join(
+        [f"Rank {first['rank']} failed first" + (f" in `{first['module']}`" if first.get("module") else "")
+         + (f" at step {first['step']}" if first.get("step") is not None else "")] if first else []
+        + [f"rank {r['rank']} {r['status']}" for r in ranks if r is not first])
     return Finding(rule="run-rank-summary", category="distributed-communication", severity="info",
                    title=title, explanation="; ".join(parts) + ".",
                    evidence=[Evidence(text=p, source="instrument") for p in parts],

@@ -211,3 +211,35 @@ def test_close_removes_every_hook() -> None:
 def test_watch_rejects_other_objects() -> None:
     with pytest.raises(TypeError, match="torch.nn.Module or an accelerate Accelerator"):
         mpdoctor.watch("model")
+
+
+def test_requested_precision_that_never_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `accelerate launch --mixed_precision bf16 train.py` over a plain torch loop: nothing autocasts
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    net = make_net()
+    with mpdoctor.watch(net) as h:
+        net(torch.randn(4, 8)).mean().backward()
+        found = h.findings()
+    assert (h.plan.requested, h.autocast_dtype, h.plan.autocast_enabled) == ("bf16", "float32", False)
+    f = [f for f in found if f.rule == "instrument-precision-not-applied"][0]
+    assert f.severity == "warning" and f.facts["module"] == "blocks.0.proj"
+
+
+def test_an_oom_retry_gets_its_memory_back() -> None:
+    import gc
+    import weakref
+
+    class Big(nn.Module):
+        def forward(self, x):
+            self.kept = weakref.ref(x)
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 99 bytes")
+
+    net = nn.Sequential(nn.Linear(8, 8), Big())
+    with mpdoctor.watch(net) as h:
+        try:
+            net(torch.randn(4, 8))
+        except RuntimeError:
+            pass
+        gc.collect()
+        assert net[1].kept() is None  # nothing of ours holds the failed step's tensors
+        assert h.errors[0].kind == "host-oom" and h.errors[0].module == "1"

@@ -50,6 +50,10 @@ def nonfinite_finding(nf: dict[str, Any]) -> Finding:
         explanation.append(f"The first non-finite value of the run came out of {where} in the forward pass of "
                            f"step {step}{in_range}: the input was finite, so this module made it.")
         if kind == "inf" and dtype == "float16":
+            in_abs = max(abs(nf.get("input_min") or 0.0), abs(nf.get("input_max") or 0.0))
+            if in_abs > 65504:
+                explanation.append(f"Its input already reached {_num(in_abs)} in {nf.get('input_dtype')}: casting it "
+                                   "into this module's float16 computation overflowed.")
             explanation.append("float16 cannot hold a value above 65504; a larger activation becomes Inf, and "
                                "Inf turns into NaN in the next subtraction or normalisation.")
             fixes += ["Train in bf16 instead of fp16 where the hardware has it (`mixed_precision=\"bf16\"`): "
@@ -304,7 +308,9 @@ def plan_summary_finding(plan: dict[str, Any]) -> Finding:
     return Finding(rule="instrument-precision-plan", category="accelerate-config", severity="info",
                    title="The precision the run really used", explanation="; ".join(bits) + ".",
                    evidence=[Evidence(text="; ".join(bits), source=SOURCE)],
-                   facts={k: v for k, v in plan.items() if v not in (None, {}, [])}, priority=5)
+                   facts={k: plan.get(k) for k in ("requested", "autocast_dtype", "grad_scaler_enabled",
+                                                   "fp32_master_weights", "distributed_type", "num_processes")
+                          if plan.get(k) is not None}, priority=5)
 
 
 def findings_for(snap: dict[str, Any], *, with_plan: bool = False) -> list[Finding]:

@@ -62,6 +62,8 @@ class EventSink:
         fh.flush()
 
     def event(self, name: str, /, **fields: Any) -> None:
+        if os.getpid() != self.pid:  # a forked DataLoader worker: not the rank's story
+            return
         self._open()
         self._write({"type": name, "time": time.time(), **fields})
 
@@ -69,7 +71,7 @@ class EventSink:
         self.event("snapshot", snap=snap)
 
     def progress(self, step: int, where: str) -> None:
-        if self._last_progress == (step, where):
+        if self._last_progress == (step, where) or os.getpid() != self.pid:
             return
         self._last_progress = (step, where)
         if self._progress_fd is None:

@@ -281,8 +281,12 @@ class Watcher:
             if out is None:
                 exc = sys.exc_info()[1]
                 if exc is not None:
-                    if exc is not self._last_exc:
-                        self._last_exc = exc
+                    # the same exception passes every enclosing module's hook: keep its
+                    # identity, not the exception (its traceback holds frames and tensors;
+                    # an OOM retry with a smaller batch must get that memory back)
+                    key = (id(exc), type(exc), str(exc)[:200])
+                    if key != self._last_exc:
+                        self._last_exc = key
                         self._on_forward_error(mod, args, exc)
                     if not st:
                         self._flush_safely()
@@ -350,6 +354,8 @@ class Watcher:
         contains_primary = self._primary is not None and any(m is self._primary for m in mod.modules())
         primary = force_primary or (has_params and (self._primary is None or contains_primary))
         info = _RootInfo(primary)
+        if len(self._roots) > 1000:  # modules made on the fly each step: keep the map small
+            self._roots = {k: v for k, v in self._roots.items() if v.primary}
         self._roots[id(mod)] = info
         for name, m in mod.named_modules():
             name = _strip_wrapper(name, mod)
@@ -585,7 +591,7 @@ class Watcher:
 
     def on_exit_exception(self, exc: BaseException) -> None:
         """An exception nobody caught: memory context for OOMs raised outside any module."""
-        if exc is self._last_exc or any(e.exception.startswith(type(exc).__name__ + ": " + str(exc)[:40])
+        if (id(exc), type(exc), str(exc)[:200]) == self._last_exc or any(e.exception.startswith(type(exc).__name__ + ": " + str(exc)[:40])
                                          for e in self.errors):
             return
         kind = context.classify_error(exc)

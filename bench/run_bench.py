@@ -45,7 +45,7 @@ def bench_passthrough(lines: int, repeats: int) -> None:
     print(f"passthrough  {lines:,} lines: bare {b:.3f} s, wrapped {w:.3f} s  ->  {w / b:.3f}x  (goal <= 1.2x)")
 
 
-def bench_step(steps: int, warmup: int, rounds: int) -> None:
+def bench_step(steps: int, warmup: int) -> None:
     import torch
     from torch import nn
 
@@ -65,16 +65,6 @@ def bench_step(steps: int, warmup: int, rounds: int) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-
-    def run_steps(model, opt, n: int) -> float:
-        for _ in range(warmup):
-            step(model, opt)
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            step(model, opt)
-            times.append(time.perf_counter() - t)
-        return min(times)  # the machine is shared: the least disturbed step is the honest one
 
     def mpdoctor_on(model):
         from mpdoctor.instrument import watch
@@ -113,26 +103,27 @@ def bench_step(steps: int, warmup: int, rounds: int) -> None:
 
     warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
     model, opt = make()
-    ratios: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(warmup + 1):
+        step(model, opt)
     times: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(rounds):  # interleaved: every round measures bare next to each tool
-        base = run_steps(model, opt, steps)
-        times["bare"].append(base)
-        ratios["bare"].append(1.0)
+    # Interleaved step by step (bare, tool, tool, ..., bare, ...): on a shared machine the
+    # noise then falls on every configuration alike. Each tool is switched on for its one
+    # step and off after it, so its set-up cost is counted too.
+    for _ in range(steps):
         for name, on in configs.items():
-            if on is None:
-                continue
-            off = on(model)
-            t = run_steps(model, opt, steps)
-            off()
-            times[name].append(t)
-            ratios[name].append(t / base)
+            off = on(model) if on else None
+            t = time.perf_counter()
+            step(model, opt)
+            times[name].append(time.perf_counter() - t)
+            if off:
+                off()
+    base_med, base_min = statistics.median(times["bare"]), min(times["bare"])
     print(f"step overhead, TransformerEncoder 4x256, seq 128, batch 8, bf16 autocast, fwd+bwd+step, "
-          f"{rounds} rounds x {steps} steps, {torch.get_num_threads()} threads; ratio to the bare step "
-          f"of the same round (median over rounds):")
+          f"{steps} steps each, interleaved, {torch.get_num_threads()} threads; ratio to the bare step:")
     for name in configs:
-        print(f"  {name:24s} {statistics.median(times[name]) * 1000:8.1f} ms  ->  "
-              f"{statistics.median(ratios[name]):.2f}x  (rounds: {', '.join(f'{r:.2f}' for r in ratios[name])})")
+        med, low = statistics.median(times[name]), min(times[name])
+        print(f"  {name:24s} median {med * 1000:8.1f} ms -> {med / base_med:.2f}x    "
+              f"best {low * 1000:8.1f} ms -> {low / base_min:.2f}x")
 
 
 def main() -> None:
@@ -140,9 +131,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("passthrough", "step"))
     ap.add_argument("--lines", type=int, default=3_000_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=4, help="timed steps per configuration per round")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12, help="timed steps per configuration")
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for the step bench (default: torch's; 1 is steadier on a shared machine)")
     args = ap.parse_args()
@@ -153,7 +143,7 @@ def main() -> None:
             import torch
 
             torch.set_num_threads(args.threads)
-        bench_step(args.steps, args.warmup, args.rounds)
+        bench_step(args.steps, args.warmup)
 
 
 if __name__ == "__main__":

@@ -606,10 +606,9 @@ def _rank_finding(ranks: list[dict[str, Any]]) -> Finding:
             s += f" ({r['exception'][:120]}" + (f", in `{r['module']}`" if r.get("module") else "") + ")"
         parts.append(s)
     first = next((r for r in ranks if r["status"] == "failed first"), None)
-    title = "; ".join(
-        [f"Rank {first['rank']} failed first" + (f" in `{first['module']}`" if first.get("module") else "")
-         + (f" at step {first['step']}" if first.get("step") is not None else "")] if first else []
-        + [f"rank {r['rank']} {r['status']}" for r in ranks if r is not first])
+    head = [f"Rank {first['rank']} failed first" + (f" in `{first['module']}`" if first.get("module") else "")
+            + (f" at step {first['step']}" if first.get("step") is not None else "")] if first else []
+    title = "; ".join(head + [f"rank {r['rank']} {r['status']}" for r in ranks if r is not first])
     return Finding(rule="run-rank-summary", category="distributed-communication", severity="info",
                    title=title, explanation="; ".join(parts) + ".",
                    evidence=[Evidence(text=p, source="instrument") for p in parts],

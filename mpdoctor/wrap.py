@@ -36,12 +36,18 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class OutputTail:
-    """The first HEAD_BYTES and the last TAIL_BYTES of everything the child wrote."""
+    """The first `head` and the last `tail` bytes of everything the child wrote.
+
+    The chunks os.read returned are kept as they are (no copying on the hot path); the
+    oldest are dropped once the tail holds more than it needs."""
 
     def __init__(self, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> None:
+        from collections import deque
+
         self.head_limit, self.tail_limit = head, tail
         self.head = bytearray()
-        self.tail = bytearray()
+        self.chunks: Any = deque()
+        self.kept = 0
         self.total = 0
 
     def feed(self, data: bytes) -> None:
@@ -52,18 +58,23 @@ class OutputTail:
             data = data[take:]
             if not data:
                 return
-        self.tail += data
-        if len(self.tail) > 2 * self.tail_limit:  # trim rarely: one memmove per tail_limit bytes
-            del self.tail[: len(self.tail) - self.tail_limit]
+        self.chunks.append(data)
+        self.kept += len(data)
+        while self.kept - len(self.chunks[0]) >= self.tail_limit:
+            self.kept -= len(self.chunks.popleft())
+
+    @property
+    def tail(self) -> bytes:
+        return b"".join(self.chunks)[-self.tail_limit:]
 
     def text(self) -> str:
-        tail = self.tail[-self.tail_limit:]
+        tail = self.tail
         if self.total > len(self.head) + len(tail):
             skipped = self.total - len(self.head) - len(tail)
             nl = tail.find(b"\n")
-            body = bytes(self.head) + f"\n[... {skipped} bytes not kept ...]\n".encode() + bytes(tail[nl + 1:])
+            body = bytes(self.head) + f"\n[... {skipped} bytes not kept ...]\n".encode() + tail[nl + 1:]
         else:
-            body = bytes(self.head) + bytes(tail)
+            body = bytes(self.head) + tail
         return body.decode("utf-8", "replace")
 
 
@@ -143,9 +154,9 @@ class _Forwarder:
             signal.signal(sig, old)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> bool:
+def _write_all(fd: int, data: bytes) -> bool:
     """Write everything; False when the reader has gone (EPIPE)."""
-    view = memoryview(data)
+    view: Any = data
     while view:
         try:
             n = os.write(fd, view)
@@ -158,7 +169,9 @@ def _write_all(fd: int, data: bytes | memoryview) -> bool:
 
             select.select([], [fd], [])
             continue
-        view = view[n:]
+        if n == len(view):
+            return True
+        view = memoryview(view)[n:]
     return True
 
 

@@ -243,3 +243,18 @@ def test_an_oom_retry_gets_its_memory_back() -> None:
         gc.collect()
         assert net[1].kept() is None  # nothing of ours holds the failed step's tensors
         assert h.errors[0].kind == "host-oom" and h.errors[0].module == "1"
+
+
+def test_hooks_stay_out_of_a_jit_trace() -> None:
+    import warnings
+
+    net = make_net()
+    with mpdoctor.watch(net) as h:
+        net(torch.randn(4, 8))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.jit.trace(net, torch.randn(4, 8))
+            torch.jit.trace(net, torch.randn(4, 8))
+        # our reductions read back inside a trace would warn (and enter the user's graph)
+        assert not [w for w in caught if w.category.__name__ == "TracerWarning"]
+        assert not h.internal_errors

@@ -21,6 +21,7 @@ The handle ``watch()`` returns (a ``Watcher``)::
     h.scaler            # ScalerTimeline: .scales [(step, scale)], .skipped_steps [step, ...],
                         # .final_scale (float | None), .to_dict()
     h.skipped_steps     # shortcut: h.scaler.skipped_steps
+    h.optimizer_step_was_skipped  # accelerate's flag for the last step (Accelerator watched)
     h.final_scale       # shortcut: h.scaler.final_scale
     h.nonfinite         # [NonFinite]: first non-finite value per phase, each with .module
                         # (qualified name as in named_modules()), .phase ("forward" |
@@ -37,7 +38,8 @@ The handle ``watch()`` returns (a ``Watcher``)::
 Detection costs no host synchronisation per module: each module's output (and each
 gradient, through tensor hooks) is reduced on its device to a (min, max) pair that is
 read once per step; details (names, input ranges, memory) are gathered only when
-something is found. Everything fails open: an error inside the instrumentation is kept
+something is found. Code running under torch.compile or jit tracing is not watched (the
+hooks step aside there rather than enter the user's graph). Everything fails open: an error inside the instrumentation is kept
 as an ``info`` finding and never reaches the training (``MPDOCTOR_INSTRUMENT_FAIL=1``
 forces such an error, for the tests).
 """

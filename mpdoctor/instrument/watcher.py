@@ -41,6 +41,16 @@ _MAX_PENDING = 20000
 _INF = math.inf
 
 
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_tracing_state = torch._C._get_tracing_state
+
+
+def _skip() -> bool:
+    """Inside torch.compile / jit tracing our hooks must vanish: their ops would be traced
+    into the user's graph (or break it)."""
+    return _is_compiling() or _tracing_state() is not None
+
+
 def _dtype_name(dt: Any) -> str:
     return str(dt).replace("torch.", "")
 
@@ -183,6 +193,13 @@ class Watcher:
         return self.scaler.final_scale
 
     @property
+    def optimizer_step_was_skipped(self) -> bool | None:
+        """accelerate's own flag for the last step, when an Accelerator is watched."""
+        flags = [getattr(a, "optimizer_step_was_skipped", None) for a in self._accelerators]
+        flags = [f for f in flags if f is not None]
+        return any(flags) if flags else None
+
+    @property
     def first_nonfinite(self) -> NonFinite | None:
         return self.nonfinite[0] if self.nonfinite else None
 
@@ -240,7 +257,7 @@ class Watcher:
 
     # ---- module hooks (the hot path) -----------------------------------------------
     def _pre(self, mod: Any, args: Any) -> None:
-        if self.disabled:
+        if self.disabled or _skip():
             return None
         try:
             if _FORCE_FAIL:
@@ -255,7 +272,7 @@ class Watcher:
                 a0 = args[0]
                 t = a0 if isinstance(a0, Tensor) and a0.is_floating_point() else _first_float(args)
             in_idx = -1
-            if t is not None and t.numel():
+            if t is not None and t.numel() and not t.is_meta:
                 tid = id(t)
                 hit = self._out_cache.get(tid)
                 if hit is not None and hit[0]() is t:
@@ -271,7 +288,7 @@ class Watcher:
         return None
 
     def _post(self, mod: Any, args: Any, out: Any) -> None:
-        if self.disabled:
+        if self.disabled or _skip():
             return None
         try:
             st = self._stack()
@@ -292,7 +309,7 @@ class Watcher:
                         self._flush_safely()
                     return None
             t = out if isinstance(out, Tensor) else _first_float(out)
-            if t is None or not t.is_floating_point() or not t.numel():
+            if t is None or not t.is_floating_point() or not t.numel() or t.is_meta:
                 return None
             idx = self._record("out", mod, t, in_idx)
             self._out_cache[id(t)] = (weakref.ref(t), idx)

@@ -49,7 +49,7 @@ def explain_path(path: str | Path, rules: list[Rule] | None = None, progress: Pr
     `progress(bytes_read, total)` is called while a big log is being read."""
     rules = load_rules() if rules is None else rules
     matcher = matcher_for(rules)
-    log = read_log(str(path), matcher.index.owners.keys(), progress)
+    log = read_log(str(path), matcher.prefilter, progress)
     lines: list[LogLine] = []
     for first_no, text in log.regions:
         lines.extend(normalise(text, first_no))

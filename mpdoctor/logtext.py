@@ -17,7 +17,22 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass, field
+
+class _LazyRe:
+    """A module-level regular expression compiled on first use: `mpdoctor explain` on a
+    short traceback needs only some of the forms below, and compiling all of them costs
+    more than reading the traceback. After the first use its methods are plain
+    attributes, as fast as the compiled pattern's own."""
+
+    def __init__(self, pattern: str, flags: int = 0):
+        self._args = (pattern, flags)
+
+    def __getattr__(self, name: str):
+        rx = re.compile(*self._args)
+        for method in ("match", "search", "sub", "split", "finditer", "findall", "fullmatch", "pattern"):
+            self.__dict__[method] = getattr(rx, method)
+        return getattr(rx, name)
+
 
 # The longest text a rule pattern ever sees at once (keeps matching bounded).
 MAX_MATCH_CHARS = 8192
@@ -27,114 +42,132 @@ _HEAD = 4096
 
 # --- line cleaning -------------------------------------------------------------------
 
-_ANSI = re.compile(
+_ANSI = _LazyRe(
     r"(?:\x1b|\^\[)\[[0-9;:?<>=!]{0,64}[ -/]{0,8}[@-~]"  # CSI (colours, cursor moves); ^[ = cat -v
     r"|\x1b\][^\x07\x1b]{0,2048}(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks)
     r"|\x1b[@-Z\\-_]"  # two-byte escapes
     r"|\[(?:[0-9]{1,3};){0,6}[0-9]{1,3}m"  # ESC lost in a copy-paste: "[0;31m", "[38;5;241m"
 )
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROL = _LazyRe(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 # Full-width and CJK punctuation from localised terminals and machine-translated pages.
 # NFKC maps most full-width forms to ASCII but glues them to the next word
 # ("RuntimeError：CUDA" -> "RuntimeError:CUDA"); these keep the space that the English
 # message has, so that rules see the library's own wording.
-_WIDE_PUNCT = re.compile(r"\s*([（【「『])|([：；，。、！？）】」』])[ \t\u3000]*")
+_WIDE_PUNCT = _LazyRe(r"\s*([（【「『])|([：；，。、！？）】」』])[ \t\u3000]*")
 _WIDE_MAP = {
     "：": ": ", "；": "; ", "，": ", ", "。": ". ", "、": ", ", "！": "! ", "？": "? ",
     "（": " (", "）": ") ", "【": " [", "】": "] ", "「": ' "', "」": '" ', "『": ' "', "』": '" ',
 }
 _QUOTES = str.maketrans({"“": '"', "”": '"', "‘": "'", "’": "'", "\u3000": " ", "\u00a0": " "})
-_TRAILING_PUNCT_SPACE = re.compile(r"(?<=[:;,.!?)\]\"]) (?=[\"')\],.]|$)")
+_TRAILING_PUNCT_SPACE = _LazyRe(r"(?<=[:;,.!?)\]\"]) (?=[\"')\],.]|$)")
 
 # Prefixes stacked before the real text. Each is tried repeatedly at the line start.
 _RANK_PREFIXES = (
-    re.compile(r"\[(?:rank|default|Rank)(?P<rank>\d{1,5})\]:?\s?"),  # [rank0]: / [default3]:
-    re.compile(r"\[\d{1,5},(?P<rank>\d{1,5})\]<std(?:out|err)>:\s?"),  # mpirun --tag-output
-    re.compile(r"\((?:\w{1,40} )?rank=(?P<rank>\d{1,5})[^)]{0,80}\)\s?"),  # (VllmWorker rank=1 pid=12)
-    re.compile(r"(?:rank|Rank|RANK)\s?(?P<rank>\d{1,5})\s?[:|]\s?(?=\S)"),  # rank 1: / Rank0 |
-    re.compile(r"(?P<rank>\d{1,3}): "),  # torchrun --tee / srun -l "0: "
+    ("[", _LazyRe(r"\[(?:rank|default|Rank)(?P<rank>\d{1,5})\]:?\s?")),  # [rank0]: / [default3]:
+    ("[", _LazyRe(r"\[\d{1,5},(?P<rank>\d{1,5})\]<std(?:out|err)>:\s?")),  # mpirun --tag-output
+    ("(", _LazyRe(r"\((?:\w{1,40} )?rank=(?P<rank>\d{1,5})[^)]{0,80}\)\s?")),  # (VllmWorker rank=1 pid=12)
+    ("rR", _LazyRe(r"(?:rank|Rank|RANK)\s?(?P<rank>\d{1,5})\s?[:|]\s?(?=\S)")),  # rank 1: / Rank0 |
+    ("0123456789", _LazyRe(r"(?P<rank>\d{1,3}): ")),  # torchrun --tee / srun -l "0: "
 )
 _LEVEL = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE|SUCCESS)"
 _OTHER_PREFIXES = (
     # ISO-ish or US timestamps, optionally bracketed, optionally followed by a logger
     # name and a level: "2024-01-01 12:00:00,123 - root - ERROR - ", "[2024-...][INFO] "
-    re.compile(
+    ("[0123456789", _LazyRe(
         r"\[?(?:\d{4}-\d{2}-\d{2}|\d{2}/\d{2}/\d{2,4})[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?"
         r"(?:Z|[+-]\d{2}:?\d{2}| ?[A-Z]{3})?\]?"
         r"(?:\s{0,4}[-|:]?\s{0,4}(?:[\w.]{1,60}\s{1,4}[-|:]\s{1,4})?\[?" + _LEVEL + r"\]?)?"
         r"(?:\s{0,8}[-|:]\s?(?:[\w.]{1,60}\s[-|:]\s|[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?|\s{1,8}|$)"
-    ),
+    )),
     # journald / syslog: "Oct 04 15:02:41 host unit[123]: "
-    re.compile(r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: ?"),
+    ("ABCDEFGHIJKLMNOPQRSTUVWXYZ", _LazyRe(r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: ?")),
     # glog (torch's C++ and torchrun): "W1004 15:02:41.123456 12345 file.cpp:12] "
-    re.compile(r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{1,9}\s{1,8}\d{1,10} [\w./-]{1,200}:\d{1,7}\](?: |$)"),
+    ("IWEF", _LazyRe(r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{1,9}\s{1,8}\d{1,10} [\w./-]{1,200}:\d{1,7}\](?: |$)")),
     # vLLM: "ERROR 10-14 12:32:47 multiproc_worker_utils.py:233] ", "INFO 03-02 19:49:43 [x.py:242] "
-    re.compile(r"" + _LEVEL + r" \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})? \[?[\w./-]{1,200}:\d{1,7}\](?: |$)"),
+    ("DIWECFTS", _LazyRe(r"" + _LEVEL + r" \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})? \[?[\w./-]{1,200}:\d{1,7}\](?: |$)")),
     # bare clock time "[12:00:01] " or "12:00:01 " (rich's log time column too)
-    re.compile(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?\]?(?:\s|$)"),
+    ("[0123456789", _LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?\]?(?:\s|$)")),
     # python logging "ERROR:root:" / "WARNING:torch.distributed.run:"
-    re.compile(r"" + _LEVEL + r":[\w.<>-]{1,120}:"),
+    ("DIWECFTS", _LazyRe(r"" + _LEVEL + r":[\w.<>-]{1,120}:")),
     # loguru "2024-.. | ERROR    | mod:fn:12 - " once the time is gone: "| ERROR    | mod:fn:12 - "
-    re.compile(r"\|?\s?" + _LEVEL + r"\s{1,8}\|\s?(?:[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?"),
+    ("| DIWECFTS", _LazyRe(r"\|?\s?" + _LEVEL + r"\s{1,8}\|\s?(?:[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?")),
     # bracketed level "[ERROR] " / "[INFO|trainer.py:123] " / deepspeed "[real_accelerator.py:219:get_accelerator] "
-    re.compile(r"\[" + _LEVEL + r"(?:\|[^\]]{0,200})?\]\s?"),
-    re.compile(r"\[[\w.-]{1,120}\.py:\d{1,7}(?::[\w<>.]{1,120})?\]\s?"),
+    ("[", _LazyRe(r"\[" + _LEVEL + r"(?:\|[^\]]{0,200})?\]\s?")),
+    ("[", _LazyRe(r"\[[\w.-]{1,120}\.py:\d{1,7}(?::[\w<>.]{1,120})?\]\s?")),
     # rich logging's level column: "ERROR    message" (level padded to 8)
-    re.compile(r"" + _LEVEL + r"\s{2,8}(?=\S)"),
+    ("DIWECFTS", _LazyRe(r"" + _LEVEL + r"\s{2,8}(?=\S)")),
     # Ray / vLLM process tags "(pid=123) ", "(WorkerDict pid=1, ip=10.0.0.1) "
-    re.compile(r"\((?:\w{1,40} )?pid=\d{1,10}[^)]{0,80}\)\s?"),
+    ("(", _LazyRe(r"\((?:\w{1,40} )?pid=\d{1,10}[^)]{0,80}\)\s?")),
     # docker compose "trainer_1  | ", "trainer-1 | "
-    re.compile(r"[\w.-]{1,64}(?:[-_]\d{1,4})?\s{1,32}\| "),
+    (None, _LazyRe(r"[\w.-]{1,64}(?:[-_]\d{1,4})?\s{1,32}\| ")),
     # workflow runners "[run/step/task (pid 12)] [0f1e...] "
-    re.compile(r"\[[\w./-]{1,200} \(pid \d{1,10}\)\]\s?(?:\[[0-9a-f-]{8,64}\]\s?)?"),
+    ("[", _LazyRe(r"\[[\w./-]{1,200} \(pid \d{1,10}\)\]\s?(?:\[[0-9a-f-]{8,64}\]\s?)?")),
     # accelerate's test harness / CI runners: "stderr: ", "stdout: "
-    re.compile(r"std(?:err|out): ?"),
+    ("s", _LazyRe(r"std(?:err|out): ?")),
     # pdsh / clush / deepspeed multi-node host prefixes "gpu017: ", "worker-1: "
-    re.compile(r"[a-z][\w-]{0,40}\d{1,5}: "),
+    ("abcdefghijklmnopqrstuvwxyz", _LazyRe(r"[a-z][\w-]{0,40}\d{1,5}: ")),
 )
 # Prefixes that carry a process identity: interleaved lines are split by it.
-_STREAM = re.compile(r"pid[= ](\d{1,10})|^([a-z][\w-]{0,40}\d{1,5}): |^([\w.-]{1,64})\s{1,32}\| ")
+_STREAM = _LazyRe(r"pid[= ](\d{1,10})|^([a-z][\w-]{0,40}\d{1,5}): |^([\w.-]{1,64})\s{1,32}\| ")
 
 # Rich box borders (rich.traceback, rich logging with tracebacks, typer, accelerate).
-_BOX_TOP = re.compile(r"^\s*[╭┏╔]─*\s*(?P<title>.*?)\s*─*[╮┓╗]\s*$")
-_BOX_TOP_ASCII = re.compile(r"^\s*\+-+ ?(?P<title>Traceback \(most recent call last\)) ?-+\+\s*$")
-_BOX_BOTTOM = re.compile(r"^\s*(?:[╰┗╚][─━═]*[╯┛╝]|\+-{10,}\+)\s*$")
+_BOX_TOP = _LazyRe(r"^\s*[╭┏╔]─*\s*(?P<title>.*?)\s*─*[╮┓╗]\s*$")
+_BOX_TOP_ASCII = _LazyRe(r"^\s*\+-+ ?(?P<title>Traceback \(most recent call last\)) ?-+\+\s*$")
+_BOX_BOTTOM = _LazyRe(r"^\s*(?:[╰┗╚][─━═]*[╯┛╝]|\+-{10,}\+)\s*$")
 _SIDES = "│┃║"
-_INNER_BORDER = re.compile(r"^[╭╰][─]*(?:[^─]{0,80}─*)?[╮╯]$")
+_INNER_BORDER = _LazyRe(r"^[╭╰][─]*(?:[^─]{0,80}─*)?[╮╯]$")
 
 # Text that starts a new logical line even when glued onto another.
-_GLUED = re.compile(
+_GLUED = _LazyRe(
     r"(?<=\S)(?=Traceback \(most recent call last\):)"  # tqdm bar + traceback
     r"|(?<=\S)\s{2,}(?=File \"[^\"]{1,500}\", line \d)"  # padded lines joined in a paste
 )
 # A traceback flattened onto one line: "Traceback (...): File "a.py", line 3, in f x() ..."
-_FLAT_FRAME = re.compile(r"\s+(?=File \"[^\"]{1,500}\", line \d{1,7})")
-_FLAT_CODE = re.compile(r"^(File \"[^\"]{1,500}\", line \d{1,7}, in [^\s]{1,200})\s+(.+)$")
-_FLAT_EXC = re.compile(
+_FLAT_FRAME = _LazyRe(r"\s+(?=File \"[^\"]{1,500}\", line \d{1,7})")
+_FLAT_CODE = _LazyRe(r"^(File \"[^\"]{1,500}\", line \d{1,7}, in [^\s]{1,200})\s+(.+)$")
+_FLAT_EXC = _LazyRe(
     r"\s(?=(?:[A-Za-z_]\w{0,60}\.){0,8}[A-Z]\w{0,60}(?:Error|Exception|Interrupt|Exit|Warning|Failure|Failed)(?::\s|$))"
 )
 
 # Escaped text inside a JSON string (torchelastic's error file, structured loggers).
-_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
+_ESCAPE = _LazyRe(r"\\(u[0-9a-fA-F]{4}|.)")
 _ESCAPES = {"n": "\n", "t": "    ", "r": "", '"': '"', "\\": "\\", "/": "/", "'": "'", "b": "", "f": ""}
-_JSON_KEY = re.compile(r'^\s{0,40}[{\[,]{0,4}\s{0,8}"[\w .-]{1,60}":\s{0,4}[{\[]{0,2}\s{0,4}"?')
-_JSON_TAIL = re.compile(r'"[\s,}\]"]{0,16}$')
+_JSON_KEY = _LazyRe(r'^\s{0,40}[{\[,]{0,4}\s{0,8}"[\w .-]{1,60}":\s{0,4}[{\[]{0,2}\s{0,4}"?')
+_JSON_TAIL = _LazyRe(r'"[\s,}\]"]{0,16}$')
 
 
-@dataclass(slots=True)
-class LogLine:
-    """A clean logical line. `no` is the 1-based line number in the input."""
+class _Plain:
+    """Plain data classes of the hot path. Not dataclasses: creating a dataclass costs
+    about a millisecond at import, and `mpdoctor explain` must start like a small script."""
 
-    no: int
-    text: str
-    rank: int | None = None
-    raw: str = ""  # the line as pasted, ANSI removed, prefixes kept (for evidence)
-    # What separates interleaved writers that have no rank (a pid, a host, a service).
-    stream: str | None = None
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
-_PROGRESS = re.compile(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d+/\d+ \[\d")
+class LogLine(_Plain):
+    """A clean logical line. `no` is the 1-based line number in the input; `raw` the line
+    as pasted (ANSI removed, prefixes kept) for evidence; `stream` what separates
+    interleaved writers that have no rank (a pid, a host, a service)."""
+
+    __slots__ = ("no", "text", "rank", "raw", "stream")
+
+    def __init__(self, no: int, text: str, rank: int | None = None, raw: str = "", stream: str | None = None):
+        self.no = no
+        self.text = text
+        self.rank = rank
+        self.raw = raw
+        self.stream = stream
+
+
+_PROGRESS = _LazyRe(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d+/\d+ \[\d")
 
 
 def split_overwrites(line: str) -> list[str]:
@@ -176,7 +209,10 @@ def _strip_prefixes(line: str) -> tuple[str, int | None, str | None]:
     stream: str | None = None
     for _ in range(8):
         head = line[:_HEAD]
-        for rx in _RANK_PREFIXES:
+        first = head[:1]
+        for starts, rx in _RANK_PREFIXES:
+            if first not in starts:
+                continue
             m = rx.match(head)
             if m:
                 if rank is None:
@@ -184,7 +220,10 @@ def _strip_prefixes(line: str) -> tuple[str, int | None, str | None]:
                 line = line[m.end():]
                 break
         else:
-            for rx in _OTHER_PREFIXES:
+            first = head[:1]
+            for starts, rx in _OTHER_PREFIXES:
+                if starts is not None and first not in starts:
+                    continue
                 m = rx.match(head)
                 if m and m.end() > 0:
                     if stream is None:
@@ -271,24 +310,30 @@ def _unflatten(body: str) -> list[str]:
     return out
 
 
-@dataclass
 class _Box:
-    """A rich box being read for one stream of lines."""
+    """A rich box being read for one stream of lines; `width` is its outer width (the
+    console width rich drew it at)."""
 
-    width: int  # outer width of the box (the console width rich drew it at)
-    lines: list[LogLine] = field(default_factory=list)
+    __slots__ = ("width", "lines")
+
+    def __init__(self, width: int):
+        self.width = width
+        self.lines: list[LogLine] = []
 
 
-@dataclass
 class _Stream:
-    box: _Box | None = None
-    # After a box closes, rich prints the exception message wrapped at the console
-    # width; these lines are held until the message ends so they can be rejoined.
-    message: list[LogLine] = field(default_factory=list)
-    message_width: int = 0
+    """Per-stream state. After a box closes, rich prints the exception message wrapped at
+    the console width; those lines are held in `message` until it ends, to be rejoined."""
+
+    __slots__ = ("box", "message", "message_width")
+
+    def __init__(self) -> None:
+        self.box: _Box | None = None
+        self.message: list[LogLine] = []
+        self.message_width = 0
 
 
-_GUTTER = re.compile(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13 │ code", "   7 x = 1"
+_GUTTER = _LazyRe(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13 │ code", "   7 x = 1"
 
 
 def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
@@ -416,31 +461,31 @@ def _rejoin(lines: list[LogLine], width: int, inner: bool) -> list[LogLine]:
 
 # --- tracebacks ----------------------------------------------------------------------
 
-TRACEBACK_HEADER = re.compile(r"Traceback \(most recent call last\)|回溯 ?\(最近一次调用")
+TRACEBACK_HEADER = _LazyRe(r"Traceback \(most recent call last\)|回溯 ?\(最近一次调用")
 CHAIN_CAUSE = "The above exception was the direct cause of the following exception"
 CHAIN_DURING = "During handling of the above exception, another exception occurred"
 
 _FRAME_FORMS = (
-    re.compile(r'^\s*(?:File|文件) ?"(?P<file>[^"]{1,1000})", ?(?:line |第 ?)(?P<line>\d{1,7})(?: ?行)?(?:, ?(?:in|在) (?P<func>\S{1,300}))?'),
-    re.compile(r"^\s*File (?P<file>[^\s,]{1,1000}):(?P<line>\d{1,7})(?:, in (?P<func>.{1,300}))?$"),  # IPython 8
-    re.compile(r"^\s*Cell (?P<file>In ?\[\d{0,6}\]), line (?P<line>\d{1,7})"),  # Jupyter cell
-    re.compile(r"^\s*(?P<file><ipython-input-[^>]{1,200}>) in (?P<func>[^\s(]{1,300})"),  # old IPython
+    _LazyRe(r'^\s*(?:File|文件) ?"(?P<file>[^"]{1,1000})", ?(?:line |第 ?)(?P<line>\d{1,7})(?: ?行)?(?:, ?(?:in|在) (?P<func>\S{1,300}))?'),
+    _LazyRe(r"^\s*File (?P<file>[^\s,]{1,1000}):(?P<line>\d{1,7})(?:, in (?P<func>.{1,300}))?$"),  # IPython 8
+    _LazyRe(r"^\s*Cell (?P<file>In ?\[\d{0,6}\]), line (?P<line>\d{1,7})"),  # Jupyter cell
+    _LazyRe(r"^\s*(?P<file><ipython-input-[^>]{1,200}>) in (?P<func>[^\s(]{1,300})"),  # old IPython
     # rich: "/path/to/file.py:12 in func"; old IPython/Colab: "/path/module.py in func(args)"
-    re.compile(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/|\./|\.\./)[^\s:]{0,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})"),
-    re.compile(r"^\s*(?P<file>[\w.\-/\\]{1,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})$"),
-    re.compile(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/)[^\s]{0,1000}\.py) in (?P<func>[\w<>.]{1,300})\(.{0,2000}$"),
+    _LazyRe(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/|\./|\.\./)[^\s:]{0,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})"),
+    _LazyRe(r"^\s*(?P<file>[\w.\-/\\]{1,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})$"),
+    _LazyRe(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/)[^\s]{0,1000}\.py) in (?P<func>[\w<>.]{1,300})\(.{0,2000}$"),
 )
-_ARROW = re.compile(r"^\s*-{1,4}> ?(?P<line>\d{1,7})\b")  # IPython's "----> 12 train()"
-_EXCEPTION_LINE = re.compile(
+_ARROW = _LazyRe(r"^\s*-{1,4}> ?(?P<line>\d{1,7})\b")  # IPython's "----> 12 train()"
+_EXCEPTION_LINE = _LazyRe(
     r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}[A-Za-z_]\w{0,80}(?:Error|Exception|Interrupt|Exit|Warning|"
     r"Failure|Fault|Timeout|Abort))(?::\s?(?P<message>.*))?$"
 )
 # After frames, any "dotted.CamelName: message" at the traceback's own indentation is the
 # exception line too (torch._dynamo.exc.BackendCompilerFailed, hydra's ConfigCompositionException).
-_EXCEPTION_AFTER_FRAMES = re.compile(
+_EXCEPTION_AFTER_FRAMES = _LazyRe(
     r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}[A-Z]\w{0,80})(?::\s?(?P<message>.*))?$"
 )
-_STDLIB_OR_SITE = re.compile(
+_STDLIB_OR_SITE = _LazyRe(
     r"(site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]lib[/\\][\w.-]+\.py$|<frozen |"
     r"^<(?!ipython-input)[^>]*>$|[/\\](?:torch|accelerate|transformers|deepspeed|lightning|pytorch_lightning|"
     r"peft|trl|bitsandbytes|flash_attn|apex|vllm|diffusers|xformers|triton)[/\\]|"
@@ -449,12 +494,16 @@ _STDLIB_OR_SITE = re.compile(
 )
 
 
-@dataclass(slots=True)
-class Frame:
-    file: str
-    line: int | None
-    func: str | None
-    no: int  # the log line it was read from
+class Frame(_Plain):
+    """One frame of a traceback; `no` is the log line it was read from."""
+
+    __slots__ = ("file", "line", "func", "no")
+
+    def __init__(self, file: str, line: int | None, func: str | None, no: int):
+        self.file = file
+        self.line = line
+        self.func = func
+        self.no = no
 
     @property
     def location(self) -> str:
@@ -465,20 +514,26 @@ class Frame:
         return not _STDLIB_OR_SITE.search(self.file)
 
 
-@dataclass
-class Traceback:
-    rank: int | None
-    start: int  # log line number of the header
-    end: int  # log line number of the last line of the exception message
-    frames: list[Frame] = field(default_factory=list)
-    exc_type: str | None = None
-    exc_message: str = ""
-    exc_line: int | None = None
-    # Set when this traceback follows "The above exception was the direct cause..." or
-    # "During handling of the above exception...": the index of the earlier one.
-    chained_from: int | None = None
-    chain_kind: str | None = None  # "cause" | "during"
-    stream: str | None = None
+class Traceback(_Plain):
+    """A traceback: `start` is the log line of its header, `end` the last line of its
+    exception message. `chained_from` is set when it follows "The above exception was
+    the direct cause..." or "During handling of the above exception...": the index (in
+    segment()'s list) of the earlier one; `chain_kind` is "cause" or "during"."""
+
+    __slots__ = ("rank", "start", "end", "frames", "exc_type", "exc_message", "exc_line",
+                 "chained_from", "chain_kind", "stream")
+
+    def __init__(self, rank: int | None, start: int, end: int, stream: str | None = None):
+        self.rank = rank
+        self.start = start
+        self.end = end
+        self.frames: list[Frame] = []
+        self.exc_type: str | None = None
+        self.exc_message = ""
+        self.exc_line: int | None = None
+        self.chained_from: "int | Traceback | None" = None
+        self.chain_kind: str | None = None
+        self.stream = stream
 
     @property
     def user_frame(self) -> Frame | None:

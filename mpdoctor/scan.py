@@ -13,7 +13,6 @@ import os
 import re
 import sys
 from collections import deque
-from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterable
 
 Progress = Callable[[int, "int | None"], None]  # (bytes read so far, total size or None)
@@ -24,7 +23,6 @@ LINES_BEFORE = 80  # the traceback above an error line
 LINES_AFTER = 40  # the message below a header or an error line
 HEAD_BUDGET = 16 * 1024 * 1024  # region bytes kept from the start of the log
 TAIL_BUDGET = 48 * 1024 * 1024  # ... and from its end
-MAX_HITS_PER_CHUNK = 200_000
 
 # Always worth a look, whatever the rules say: where tracebacks start.
 TRIGGERS = ("Traceback (most recent call last)", "Error: ", "Exception: ")
@@ -34,10 +32,14 @@ class InputError(Exception):
     """The input cannot be read as a log. The CLI prints it and exits 2."""
 
 
-@dataclass
 class LogInput:
-    regions: list[tuple[int, str]]  # (first line number, text)
-    info: dict = field(default_factory=dict)
+    """The log as read: regions of (first line number, text), and what was read."""
+
+    __slots__ = ("regions", "info")
+
+    def __init__(self, regions: list[tuple[int, str]], info: dict | None = None):
+        self.regions = regions
+        self.info = info if info is not None else {}
 
 
 def looks_binary(sample: bytes) -> bool:
@@ -75,8 +77,12 @@ def open_input(path: str) -> tuple[BinaryIO, str, int | None]:
     return fh, path, size
 
 
-def read_log(path: str, literals: Iterable[str], progress: Progress | None = None) -> LogInput:
-    """Read a log (or '-' for stdin): whole when small, candidate regions when big."""
+def read_log(path: str, literals: "Iterable[str] | Prefilter | Callable[[], Prefilter]",
+             progress: Progress | None = None) -> LogInput:
+    """Read a log (or '-' for stdin): whole when small, candidate regions when big.
+
+    `literals` is what the region scan looks for; a callable is called only when the
+    log is big enough to need it (building a prefilter costs more than a short log)."""
     fh, name, size = open_input(path)
     try:
         head = fh.read(WHOLE_LIMIT + 1)
@@ -101,7 +107,10 @@ def read_log(path: str, literals: Iterable[str], progress: Progress | None = Non
         text = decode(head)
         info.update(lines=text.count("\n") + (0 if text.endswith("\n") else 1), scanned="whole")
         return LogInput([(1, text)], info)
-    scanner = RegionScanner(list(literals) + list(TRIGGERS))
+    if callable(literals) and not isinstance(literals, Prefilter):
+        literals = literals()
+    spec = literals if isinstance(literals, Prefilter) else Prefilter(list(literals))
+    scanner = RegionScanner(spec)
     try:
         scanner.feed(head)
         done = len(head)
@@ -125,69 +134,177 @@ def read_log(path: str, literals: Iterable[str], progress: Progress | None = Non
     return LogInput([(no, decode(b)) for no, b in regions], info)
 
 
-class _PyLiteralFinder:
-    engine = "re"
+class Prefilter:
+    """What the streaming scan looks for: the rules' literals (the pure-Python scan, and
+    the fallback for a pattern without a skeleton) and, for Hyperscan, each pattern's
+    skeleton (its fixed text in order: few false hits even when a literal such as
+    "loss" is on every line of a training log)."""
 
-    def __init__(self, literals: list[str]):
-        alts = sorted({lit.lower() for lit in literals}, key=len, reverse=True)
-        self.rx = re.compile(b"|".join(re.escape(a.encode()) for a in alts), re.IGNORECASE)
+    __slots__ = ("literals", "skeletons", "first_literals", "first_skeletons", "checks")
+
+    def __init__(self, literals: list[str], skeletons: list[tuple[bytes, bool]] | None = None,
+                 first_literals: list[str] | None = None, first_skeletons: list[tuple[bytes, bool]] | None = None):
+        self.literals = literals
+        self.skeletons = skeletons or []
+        # requires / excludes / context patterns need only the log's first match of
+        # each (a context line such as "[rank0]" may be on every line): these are
+        # reported once per chunk, so they add a region, not the whole log.
+        self.first_literals = first_literals or []
+        self.first_skeletons = first_skeletons or []
+        # literal -> the patterns' ordered runs (engine.patterns.fixed_runs) that the
+        # pure-Python scan checks on a line holding the literal before keeping it
+        self.checks: dict[tuple[str, bool], list | None] = {}
+
+
+class _PyLiteralFinder:
+    """The pure-Python scan: literals found with bytes.find (memchr-fast), each in its
+    pattern's own case (so "inf" is not found in every "INFO"), and each hit kept only
+    when its line also holds the pattern's other fixed runs (Prefilter.checks)."""
+
+    engine = "python"
+
+    def __init__(self, spec: Prefilter):
+        self.scan: list[tuple[bytes, bool, list | None]] = []
+        seen: set[tuple[bytes, bool]] = set()
+
+        def add(lit: str, caseless: bool, checks: list | None) -> None:
+            key = ((lit.lower() if caseless else lit).encode("utf-8"), caseless)
+            if key in seen or not key[0]:
+                return
+            seen.add(key)
+            enc = None if checks is None else [
+                (tuple(tuple((a.lower() if c else a).encode("utf-8") for a in step) for step in runs), c)
+                for runs, c in checks]
+            self.scan.append((key[0], caseless, enc))
+
+        for t in TRIGGERS:
+            add(t, True, None)
+        if spec.checks:
+            for (lit, caseless), checks in sorted(spec.checks.items()):
+                add(lit, caseless, checks)
+        else:
+            for lit in spec.literals:
+                add(lit, True, None)
+        self.first = [lit.lower().encode("utf-8") for lit in sorted(set(spec.first_literals))]
 
     def positions(self, buf: bytes) -> list[int]:
-        out = []
-        for m in self.rx.finditer(buf):
-            out.append(m.start())
-            if len(out) >= MAX_HITS_PER_CHUNK:
-                break
+        low = buf.lower()
+        out: list[int] = []
+        for lit, caseless, checks in self.scan:
+            hay = low if caseless else buf
+            find = hay.find
+            i = find(lit)
+            while i >= 0:
+                if checks is None:
+                    out.append(i)
+                    i = find(lit, i + 1)
+                    continue
+                start = buf.rfind(b"\n", 0, i) + 1
+                end = buf.find(b"\n", i)
+                end = len(buf) if end < 0 else end
+                if any(_runs_in(low if c else buf, start, end, runs) for runs, c in checks):
+                    out.append(i)
+                i = find(lit, end)  # one verdict per line
+        for lit in self.first:
+            i = low.find(lit)
+            if i >= 0:
+                out.append(i)
+        out.sort()
         return out
+
+
+def _runs_in(buf: bytes, start: int, end: int, runs: tuple[tuple[bytes, ...], ...]) -> bool:
+    """Whether buf[start:end] holds the ordered runs (each step: one of its alternatives)."""
+    pos = start
+    for step in runs:
+        best = -1
+        for alt in step:
+            i = buf.find(alt, pos, end)
+            if i >= 0 and (best < 0 or i + len(alt) < best):
+                best = i + len(alt)
+        if best < 0:
+            return False
+        pos = best
+    return True
 
 
 class _HyperscanFinder:
     engine = "hyperscan"
 
-    def __init__(self, literals: list[str]):
+    def __init__(self, spec: Prefilter):
         import hyperscan  # optional, fast
 
-        lits = sorted({lit.lower() for lit in literals})
         self.hs = hyperscan
-        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self.db.compile(
-            expressions=[re.escape(lit).encode() for lit in lits],
-            ids=list(range(len(lits))),
-            elements=len(lits),
-            flags=[hyperscan.HS_FLAG_CASELESS] * len(lits),
-        )
+        exprs: list[tuple[bytes, int]] = [(re.escape(t.encode()), hyperscan.HS_FLAG_CASELESS) for t in TRIGGERS]
+        for expr, caseless in spec.skeletons:
+            exprs.append((expr, hyperscan.HS_FLAG_CASELESS if caseless else 0))
+        if not spec.skeletons:
+            exprs += [(re.escape(lit.encode()), hyperscan.HS_FLAG_CASELESS) for lit in spec.literals]
+        for expr, caseless in spec.first_skeletons:  # reported once per chunk
+            exprs.append((expr, (hyperscan.HS_FLAG_CASELESS if caseless else 0) | hyperscan.HS_FLAG_SINGLEMATCH))
+        exprs = sorted(set(exprs))
+        self.db = _cached_database(hyperscan, exprs)
 
     def positions(self, buf: bytes) -> list[int]:
         out: list[int] = []
 
-        def on_match(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> bool:
-            out.append(to)
-            return len(out) >= MAX_HITS_PER_CHUNK  # True stops the scan
+        def on_match(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            out.append(to - 1)
 
-        try:
-            self.db.scan(buf, match_event_handler=on_match)
-        except self.hs.ScanTerminated:  # type: ignore[attr-defined]
-            pass
-        except Exception:
-            if not out:
-                raise
+        self.db.scan(buf, match_event_handler=on_match)
+        out.sort()
         return out
 
 
-def literal_finder(literals: list[str]):
+def _cached_database(hyperscan, exprs: list[tuple[bytes, int]]):
+    """Compile (a second or so for a few hundred skeletons) or load the database compiled
+    for the same expressions before, from the rule cache folder."""
+    import hashlib
+
+    from .engine.rulecache import cache_dir
+
+    key = hashlib.sha256(repr((hyperscan.__version__ if hasattr(hyperscan, "__version__") else "",
+                               exprs)).encode()).hexdigest()[:24]
+    path = cache_dir() / f"hs-{key}.db"
+    if os.environ.get("MPDOCTOR_NO_CACHE") != "1":
+        try:
+            db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
+            db.scratch = hyperscan.Scratch(db)  # a loaded database comes without one
+            return db
+        except Exception:  # missing, stale or from another build: compile
+            pass
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    db.compile(expressions=[e for e, _ in exprs], ids=list(range(len(exprs))), elements=len(exprs),
+               flags=[f | hyperscan.HS_FLAG_PREFILTER for _, f in exprs])
+    if os.environ.get("MPDOCTOR_NO_CACHE") != "1":
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(hyperscan.dumpb(db))
+            os.replace(tmp, path)
+        except Exception:
+            pass
+    return db
+
+
+def literal_finder(spec: Prefilter):
     if os.environ.get("MPDOCTOR_NO_HYPERSCAN") != "1":
         try:
-            return _HyperscanFinder(literals)
-        except Exception:  # not installed, or no wheel for this platform
+            return _HyperscanFinder(spec)
+        except ImportError:  # not installed, or no wheel for this platform
             pass
-    return _PyLiteralFinder(literals)
+        except Exception:  # an expression Hyperscan refuses: the pure-Python scan is exact too
+            pass
+    return _PyLiteralFinder(spec)
 
 
 class RegionScanner:
     """Streams bytes, keeps line-aligned windows around literal hits."""
 
-    def __init__(self, literals: list[str]):
-        self.finder = literal_finder(literals)
+    def __init__(self, spec: Prefilter | list[str]):
+        if not isinstance(spec, Prefilter):
+            spec = Prefilter(list(spec))
+        self.finder = literal_finder(spec)
         self.engine = self.finder.engine
         self.carry = b""
         self.line_base = 0  # newlines before the current buffer
@@ -249,7 +366,8 @@ class RegionScanner:
         self.line_count = self.line_base + (0 if buf.endswith(b"\n") else 1)
 
     def _keep(self, first_no: int, data: bytes) -> None:
-        last_no = first_no + data.count(b"\n")
+        # the number of the region's last line (a final newline ends it, it starts none)
+        last_no = first_no + data.count(b"\n") - (1 if data.endswith(b"\n") else 0)
         # Adjacent to the last kept region: extend it.
         target = self.tail[-1] if self.tail else (self.head[-1] if self.head else None)
         if target is not None and first_no <= target[1] + 1:

@@ -180,4 +180,133 @@ def _has_mandatory(body: list) -> bool:
     return False
 
 
-__all__ = ["PatternError", "required_literals", "check_bounded", "MIN_LITERAL", "AT", "IN"]
+def fixed_runs(pattern: str) -> tuple[list[tuple[str, ...]], bool]:
+    """(steps, caseless): what every match contains, in order. Each step is a tuple of
+    alternatives (a literal run, or the first run of each branch of an alternation such
+    as `nan|NaN|inf`); a line must hold one of them after the previous step's. A line
+    that does not cannot match, so the pattern need not be compiled or run on it."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error:
+        return [], False
+    caseless = bool(parsed.state.flags & re.IGNORECASE)
+    steps: list[tuple[str, ...]] = []
+    _ordered_runs(list(parsed), steps)
+    steps = [s for s in steps if s and all(s)]
+    if caseless:
+        steps = [tuple(x.lower() for x in s) for s in steps]
+    return steps, caseless
+
+
+def _ordered_runs(seq: list, steps: list[tuple[str, ...]]) -> None:
+    cur: list[str] = []
+
+    def flush() -> None:
+        if cur:
+            steps.append(("".join(cur),))
+            cur.clear()
+
+    for op, av in seq:
+        if op is LITERAL:
+            cur.append(chr(av))
+            continue
+        flush()
+        if op is SUBPATTERN:
+            if av[1] & re.IGNORECASE:  # a scoped (?i:...): its text may differ in case
+                continue
+            _ordered_runs(list(av[-1]), steps)
+        elif _is_repeat(op) and av[0] >= 1:
+            _ordered_runs(list(av[2]), steps)
+        elif op is BRANCH:
+            firsts = []
+            for branch in av[1]:
+                inner: list[tuple[str, ...]] = []
+                _ordered_runs(list(branch), inner)
+                if not inner or len(inner[0]) != 1 or not inner[0][0] or not _starts_with_literal(list(branch)):
+                    firsts = []
+                    break
+                firsts.append(inner[0][0])
+            if firsts:
+                steps.append(tuple(firsts))
+    flush()
+
+
+def _starts_with_literal(seq: list) -> bool:
+    """The branch begins with its first literal run (so nothing optional precedes it)."""
+    if not seq:
+        return False
+    op, av = seq[0]
+    if op is LITERAL:
+        return True
+    if op is SUBPATTERN and not (av[1] & re.IGNORECASE):
+        return _starts_with_literal(list(av[-1]))
+    return False
+
+
+def skeleton(pattern: str) -> tuple[bytes, bool] | None:
+    """A looser expression for the native prefilter: every line the pattern matches is
+    matched by it too (its fixed text in order, with anything in between), which keeps
+    it fast for Hyperscan. (expression as bytes, caseless) or None when the pattern has
+    no fixed text to keep. Lines, not the text between them, are what it must cover:
+    `.` does not cross a newline, as in the pattern itself."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error:
+        return None
+    caseless = bool(parsed.state.flags & re.IGNORECASE)
+    flags_seen: list[bool] = []
+    expr = _skel(list(parsed), flags_seen)
+    if not expr:
+        return None
+    return expr.encode("ascii"), caseless or any(flags_seen)
+
+
+def _lit(code: int) -> str:
+    ch = chr(code)
+    if ch.isascii() and (ch.isalnum() or ch in " _-,:;'\"/=<>@%&!~`#"):
+        return ch if ch not in "\"" else "\\x%02x" % code
+    return "".join("\\x%02x" % b for b in ch.encode("utf-8"))
+
+
+def _skel(seq: list, ignorecase: list[bool]) -> str:
+    """Fixed runs of the sequence joined by `.*`; '' when nothing is fixed."""
+    pieces: list[str] = []
+    run: list[str] = []
+
+    def gap() -> None:
+        if run:
+            pieces.append("".join(run))
+            run.clear()
+
+    for op, av in seq:
+        if op is LITERAL:
+            run.append(_lit(av))
+            continue
+        if op is SUBPATTERN:
+            if av[1] & re.IGNORECASE:
+                ignorecase.append(True)
+            inner = _skel(list(av[-1]), ignorecase)
+            gap()
+            if inner:
+                pieces.append(f"(?:{inner})")
+            continue
+        if op is BRANCH:
+            alts = [_skel(list(b), ignorecase) for b in av[1]]
+            gap()
+            if all(alts):
+                pieces.append("(?:" + "|".join(alts) + ")")
+            continue
+        if _is_repeat(op):
+            lo, _hi, body = av
+            gap()
+            if lo >= 1:
+                inner = _skel(list(body), ignorecase)
+                if inner:
+                    pieces.append(f"(?:{inner})")
+            continue
+        gap()  # a class, an anchor, a look-around, a back-reference: anything may stand here
+    gap()
+    return ".*".join(pieces)
+
+
+__all__ = ["PatternError", "required_literals", "check_bounded", "skeleton", "fixed_runs", "MIN_LITERAL", "AT", "IN"]

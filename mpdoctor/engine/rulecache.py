@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_FORMAT = 1
+_FORMAT = 4
 
 
 def cache_dir() -> Path:
@@ -46,7 +46,7 @@ def _stamp() -> str:
 class RuleCache:
     def __init__(self, path: Path | None):
         self.path = path
-        self.entries: dict[str, tuple[int, int, dict[str, Any], list[str]]] = {}
+        self.entries: dict[str, tuple[int, int, dict[str, Any], list[str], dict[str, Any]]] = {}
         self.dirty = False
         self.stamp = _stamp() if path is not None else ""
         if path is not None:
@@ -57,27 +57,22 @@ class RuleCache:
             except (OSError, ValueError, EOFError, TypeError, KeyError):
                 self.entries = {}
 
-    def lookup(self, file: Path) -> tuple[dict[str, Any], list[str]] | None:
+    def lookup(self, file: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], list[str], dict[str, Any]] | None:
+        """The cached parse of `file`, if it was made from a file of this mtime and size."""
         entry = self.entries.get(os.path.abspath(file))
-        if entry is None:
+        if entry is None or (mtime_ns, size) != (entry[0], entry[1]):
             return None
-        try:
-            st = file.stat()
-        except OSError:
-            return None
-        if (st.st_mtime_ns, st.st_size) != (entry[0], entry[1]):
-            return None
-        return entry[2], entry[3]
+        return entry[2], entry[3], entry[4]
 
-    def store(self, file: Path, data: dict[str, Any], literals: list[str]) -> None:
+    def store(self, file: str, mtime_ns: int, size: int, data: dict[str, Any], literals: list[str],
+              extra: dict[str, Any]) -> None:
         if self.path is None:
             return
         try:
-            st = file.stat()
-            marshal.dumps(data)  # TOML dates and times cannot be cached: skip the file
-        except (OSError, ValueError):
+            marshal.dumps((data, extra))  # TOML dates and times cannot be cached: skip the file
+        except ValueError:
             return
-        self.entries[os.path.abspath(file)] = (st.st_mtime_ns, st.st_size, data, list(literals))
+        self.entries[os.path.abspath(file)] = (mtime_ns, size, data, list(literals), dict(extra))
         self.dirty = True
 
     def save(self) -> None:

@@ -46,11 +46,38 @@ class LazyPattern:
     only the few whose literal it contains. Behaves like the `re.Pattern` it wraps.
     """
 
-    __slots__ = ("pattern", "_rx")
+    __slots__ = ("pattern", "_rx", "runs", "caseless")
 
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, runs=(), caseless: bool = False):
         self.pattern = pattern
         self._rx: re.Pattern[str] | None = None
+        # Literal runs every match contains, in order (lower-cased when caseless): a line
+        # without them is skipped before the pattern is compiled or run.
+        self.runs = tuple(tuple(step) if not isinstance(step, str) else (step,) for step in runs)
+        self.caseless = caseless
+
+    def may_match(self, text: str, low: str | None = None) -> bool:
+        if not self.runs:
+            return True
+        t = (low if low is not None else text.lower()) if self.caseless else text
+        pos = 0
+        for step in self.runs:
+            if len(step) == 1:
+                run = step[0]
+                pos = t.find(run, pos)
+                if pos < 0:
+                    return False
+                pos += len(run)
+                continue
+            best = -1
+            for alt in step:  # the earliest end among the alternatives keeps this exact
+                i = t.find(alt, pos)
+                if i >= 0 and (best < 0 or i + len(alt) < best):
+                    best = i + len(alt)
+            if best < 0:
+                return False
+            pos = best
+        return True
 
     @property
     def compiled(self) -> re.Pattern[str]:
@@ -111,6 +138,7 @@ class Rule:
     min_count: int = 1
     supersedes: list[str] = field(default_factory=list)
     derive: str | None = None
+    derive_module: str | None = None  # where `derive` lives (so only it is imported)
     check: str | None = None
     explanation: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
@@ -139,8 +167,11 @@ def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise RuleError(path, rid, f"'{key}' must be a string or a list of strings")
     literals: list[str] = []
+    runs: list[tuple[list[str], bool]] = [([], False)] * len(value)
     if validate:
-        from .patterns import PatternError, check_bounded, required_literals
+        from .patterns import PatternError, check_bounded, fixed_runs, required_literals
+
+        runs = [fixed_runs(src) for src in value]
 
         for src in value:
             try:
@@ -152,7 +183,7 @@ def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
                 raise RuleError(path, rid, f"{key}: the pattern {src!r} is not a valid regular expression: {exc}") from None
             except PatternError as exc:
                 raise RuleError(path, rid, f"{key}: the pattern {src!r} {exc}") from None
-    return [LazyPattern(src) for src in value], literals
+    return [LazyPattern(src, r, c) for src, (r, c) in zip(value, runs)], literals
 
 
 def _text_list(path: Path, rid: str, data: dict, key: str) -> list[str]:
@@ -182,7 +213,44 @@ def _examples(path: Path, rid: str, data: dict, key: str) -> list[Example]:
     return out
 
 
-def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = None) -> Rule:
+def _cached_examples(data: dict, key: str) -> list[Example]:
+    """Examples of a file already validated once (the rule cache): no checks again."""
+    return [Example(d.get("text"), d.get("file"), d.get("snapshot"), dict(d.get("facts", {})), d.get("note", ""))
+            for d in data.get(key, [])]
+
+
+def rule_from_cache(path: Path, data: dict[str, Any], literals: list[str], extra: dict[str, Any]) -> Rule:
+    """A Rule from the cached parse of a file that was validated when it was cached: no
+    checks, and the patterns keep the runs found then (loading ~200 rules this way takes
+    a few milliseconds)."""
+    def texts(key: str) -> list[str]:
+        v = data.get(key, [])
+        return [v.strip()] if isinstance(v, str) else [x.strip() for x in v if x.strip()]
+
+    runs = extra.get("runs", {})
+
+    def pats(key: str) -> list[LazyPattern]:
+        v = data.get(key, [])
+        v = [v] if isinstance(v, str) else v
+        r = runs.get(key) or [((), False)] * len(v)
+        return [LazyPattern(src, rr[0], rr[1]) for src, rr in zip(v, r)]
+
+    return Rule(
+        id=data["id"], kind=data.get("kind", "log"), category=data["category"],
+        severity=data.get("severity", "error"), title=data["title"].strip(), path=path,
+        summary=str(data.get("summary", "")).strip(), priority=int(data.get("priority", 50)),
+        consequence=bool(data.get("consequence", False)), patterns=pats("patterns"), unless=pats("unless"),
+        requires=pats("requires"), excludes=pats("excludes"), context=pats("context"), literals=list(literals),
+        min_count=int(data.get("min_count", 1)), supersedes=texts("supersedes"), derive=data.get("derive"),
+        derive_module=extra.get("derive_module"), check=data.get("check"), explanation=texts("explanation"),
+        fixes=texts("fixes"), references=texts("references"), versions=str(data.get("versions", "")),
+        doc={k: str(v).strip() for k, v in dict(data.get("doc", {})).items()},
+        examples=_cached_examples(data, "example"), near_misses=_cached_examples(data, "near_miss"),
+    )
+
+
+def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = None,
+               derive_module: str | None = None) -> Rule:
     """A Rule from one file's TOML data; RuleError says what is wrong.
 
     `literals` are the prefilter literals from an earlier, validated parse of the very
@@ -231,8 +299,9 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         references=_text_list(path, rid, data, "references"),
         versions=str(data.get("versions", "")),
         doc={k: str(v).strip() for k, v in dict(data.get("doc", {})).items()},
-        examples=_examples(path, rid, data, "example"),
-        near_misses=_examples(path, rid, data, "near_miss"),
+        examples=_examples(path, rid, data, "example") if validated else _cached_examples(data, "example"),
+        near_misses=_examples(path, rid, data, "near_miss") if validated else _cached_examples(data, "near_miss"),
+        derive_module=derive_module,
     )
     if kind == "log":
         if "patterns" not in data:
@@ -252,10 +321,11 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     if not rule.near_misses:
         raise RuleError(path, rid, "needs at least one [[near_miss]] that must not match")
     if rule.derive is not None and validated:
-        from .derive import DERIVERS
+        from .derive import DERIVERS, module_of
 
         if rule.derive not in DERIVERS:
             raise RuleError(path, rid, f"derive {rule.derive!r} is not one of: {', '.join(sorted(DERIVERS))}")
+        rule.derive_module = module_of(rule.derive)
     return rule
 
 
@@ -315,7 +385,18 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise RuleError(path, None, f"cannot be read: {exc.strerror or exc}") from None
 
 
-def load_dir(directory: Path) -> list[Rule]:
+def _stat_files(directory: Path) -> list[tuple[str, int, int]]:
+    out = []
+    for p in _rule_files(directory):
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        out.append((str(p), st.st_mtime_ns, st.st_size))
+    return out
+
+
+def load_dir(directory: Path, _files: list[tuple[str, int, int]] | None = None) -> list[Rule]:
     """The rules in one folder (and its subfolders); RuleError for the first bad one."""
     from . import rulecache
 
@@ -324,15 +405,18 @@ def load_dir(directory: Path) -> list[Rule]:
         raise RuleError(directory, None, "is not a folder of rules")
     cache = rulecache.get()
     rules = []
-    for path in _rule_files(directory):
-        cached = cache.lookup(path)
+    for name, mtime_ns, size in (_files if _files is not None else _stat_files(directory)):
+        path = Path(name)
+        cached = cache.lookup(name, mtime_ns, size)
         if cached is not None:
-            data, literals = cached
-            rules.append(parse_rule(path, data, literals))
+            data, literals, extra = cached
+            rules.append(rule_from_cache(path, data, literals, extra))
             continue
         data = _read_toml(path)
         rule = parse_rule(path, data)
-        cache.store(path, data, rule.literals)
+        runs = {key: [([list(step) for step in p.runs], p.caseless) for p in getattr(rule, key)]
+                for key in ("patterns", "unless", "requires", "excludes", "context")}
+        cache.store(name, mtime_ns, size, data, rule.literals, {"derive_module": rule.derive_module, "runs": runs})
         rules.append(rule)
     cache.save()
     return rules
@@ -341,16 +425,6 @@ def load_dir(directory: Path) -> list[Rule]:
 _CACHE: dict[tuple[str, ...], tuple[tuple, list[Rule]]] = {}
 
 
-def _signature(dirs: list[Path]) -> tuple:
-    sig = []
-    for d in dirs:
-        for p in _rule_files(d):
-            try:
-                st = p.stat()
-            except OSError:
-                continue
-            sig.append((str(p), st.st_mtime_ns, st.st_size))
-    return tuple(sig)
 
 
 def load_rules(extra: list[str | Path] | None = None, kind: str | None = None) -> list[Rule]:
@@ -362,12 +436,13 @@ def load_rules(extra: list[str | Path] | None = None, kind: str | None = None) -
     """
     dirs = rule_dirs(extra)
     key = tuple(str(d) for d in dirs)
-    sig = _signature(dirs)
+    files = [_stat_files(d) for d in dirs]
+    sig = tuple(tuple(f) for f in files)
     if key not in _CACHE or _CACHE[key][0] != sig:
         by_id: dict[str, Rule] = {}
-        for d in dirs:
+        for d, d_files in zip(dirs, files):
             seen: dict[str, Path] = {}
-            for rule in load_dir(d):
+            for rule in load_dir(d, d_files):
                 if rule.id in seen:
                     raise RuleError(rule.path, rule.id, f"the same id is already used by {seen[rule.id]}")
                 seen[rule.id] = rule.path

@@ -1,0 +1,200 @@
+"""Speed and memory of `mpdoctor explain`, as ratios against the baselines in issue 2.
+
+    python bench/explain_bench.py            # both ratios (builds a 500 MB log in /tmp once)
+    python bench/explain_bench.py --size-mb 100 --runs 10
+
+1. Cold start on a 30-line traceback vs `python -c "import rich.console"` (target <= 1.5x).
+2. A training log with one traceback near the end vs `grep -E` over the same file with one
+   literal phrase per rule (target <= 3x), and explain's peak memory (target < 200 MB).
+
+Runs are interleaved (baseline, candidate, baseline, ...) and medians are reported, so a
+noisy neighbour slows both sides alike. The log is generated into /tmp, never the repo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+TRACEBACK_30 = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/home/ana/proj/train.py", line 301, in <module>
+[rank0]:     main(cfg)
+[rank0]:   File "/home/ana/proj/train.py", line 288, in main
+[rank0]:     trainer.fit(model, datamodule=dm)
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/lightning/pytorch/trainer/trainer.py", line 538, in fit
+[rank0]:     call._call_and_handle_interrupt(
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/lightning/pytorch/trainer/call.py", line 47, in _call_and_handle_interrupt
+[rank0]:     return trainer_fn(*args, **kwargs)
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/lightning/pytorch/trainer/trainer.py", line 574, in _fit_impl
+[rank0]:     self._run(model, ckpt_path=ckpt_path)
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/lightning/pytorch/trainer/trainer.py", line 981, in _run
+[rank0]:     results = self._run_stage()
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/lightning/pytorch/loops/fit_loop.py", line 205, in run
+[rank0]:     self.advance()
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/lightning/pytorch/loops/training_epoch_loop.py", line 250, in advance
+[rank0]:     batch_output = self.automatic_optimization.run(trainer.optimizers[0], batch_idx, kwargs)
+[rank0]:   File "/home/ana/proj/model.py", line 77, in training_step
+[rank0]:     logits = self.net(batch["input_ids"])
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1751, in _wrapped_call_impl
+[rank0]:     return self._call_impl(*args, **kwargs)
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1762, in _call_impl
+[rank0]:     return forward_call(*args, **kwargs)
+[rank0]:   File "/home/ana/proj/model.py", line 41, in forward
+[rank0]:     h = self.mlp(self.norm(x))
+[rank0]:   File "/home/ana/.venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 125, in forward
+[rank0]:     return F.linear(input, self.weight, self.bias)
+[rank0]:            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 23.58 GiB of which 1.01 GiB is free. Including non-PyTorch memory, this process has 22.56 GiB memory in use. Of the allocated memory 19.02 GiB is allocated by PyTorch, and 3.09 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+"""
+
+
+def training_log(path: Path, size_mb: int) -> Path:
+    """A plausible training log: step lines, periodic INFO/eval lines, tqdm bars, a few
+    harmless warnings; the traceback near the end. Made once per size (seeded)."""
+    if path.exists() and path.stat().st_size >= size_mb * 1_000_000:
+        return path
+    rng = random.Random(1234)
+    target = size_mb * 1_000_000
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as fh:
+        written, step = 0, 0
+        while written < target - 200_000:
+            block = []
+            for _ in range(1000):
+                step += 1
+                k = step % 97
+                if k == 0:
+                    line = (f"2024-05-03 11:{step % 60:02d}:{step % 59:02d},{step % 1000:03d} - trainer - INFO - "
+                            f"{{'loss': {rng.random() * 3:.4f}, 'grad_norm': {rng.random():.4f}, "
+                            f"'learning_rate': {3e-4 * rng.random():.3e}, 'epoch': {step / 1e5:.2f}}}")
+                elif k == 1:
+                    line = (f"Epoch {step // 10000}:  {step % 100:>2}%|{'█' * (step % 10):<10}| "
+                            f"{step % 1000}/1000 [01:{step % 60:02d}<02:10, 4.91it/s, loss={rng.random() * 3:.3f}]")
+                elif k == 2 and step % 9700 == 2:
+                    line = ("/home/ana/.venv/lib/python3.11/site-packages/torch/utils/checkpoint.py:91: UserWarning: "
+                            "None of the inputs have requires_grad=True. Gradients will be None")
+                elif k == 3 and step % 19400 == 3:
+                    line = f"[rank0]: eval step {step}: eval_loss {rng.random() * 3:.4f} eval_accuracy {rng.random():.4f}"
+                else:
+                    line = (f"[rank0]: step {step:>8} | loss {rng.random() * 3:.4f} | lr {3e-4 * rng.random():.3e} | "
+                            f"grad_norm {rng.random():.3f} | tokens/s {rng.randint(40000, 60000)} | "
+                            f"mem {rng.uniform(18, 22):.1f} GiB")
+                block.append(line)
+            text = "\n".join(block) + "\n"
+            fh.write(text)
+            written += len(text.encode())
+        fh.write(TRACEBACK_30)
+        fh.write("[rank0]: step 0 | loss 0.0 (these lines come after the failure)\n" * 50)
+    tmp.replace(path)
+    return path
+
+
+def interleaved(cmds: dict[str, list[str]], runs: int, **kw) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for _ in range(runs):
+        for name, cmd in cmds.items():
+            t = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def peak_rss_mb(cmd: list[str]) -> float:
+    """Peak resident memory of a child, polled with psutil (children included)."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            rss = ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True))
+            peak = max(peak, rss)
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    return peak / 1e6
+
+
+def grep_phrases() -> list[str]:
+    """One literal phrase per log rule (its longest required literal), as grep would
+    be used to look for what the rule base knows."""
+    sys.path.insert(0, str(ROOT))
+    from mpdoctor.engine.rules import load_rules
+
+    phrases = set()
+    for rule in load_rules():
+        if rule.kind == "log" and rule.literals:
+            phrases.add(max(rule.literals, key=len))
+    return sorted(phrases)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=int, default=500)
+    ap.add_argument("--runs", type=int, default=15, help="cold-start runs per side")
+    ap.add_argument("--big-runs", type=int, default=3, help="big-log runs per side")
+    ap.add_argument("--log", type=Path, default=None, help="the big log (default /tmp/mpdoctor-bench-<size>MB.log)")
+    args = ap.parse_args()
+
+    mpdoctor = [PY, "-m", "mpdoctor"]
+    console_script = Path(PY).with_name("mpdoctor")
+    if console_script.exists():
+        mpdoctor = [str(console_script)]
+    env = dict(os.environ)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, mpdoctor from {ROOT}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tb = Path(tmp) / "traceback.log"
+        tb.write_text(TRACEBACK_30)
+        subprocess.run(mpdoctor + ["explain", str(tb)], capture_output=True)  # warm the rule cache
+        times = interleaved({"import rich.console": [PY, "-c", "import rich.console"],
+                             "mpdoctor explain": mpdoctor + ["explain", str(tb)]}, args.runs, env=env)
+    base, cand = statistics.median(times["import rich.console"]), statistics.median(times["mpdoctor explain"])
+    print(f"\n1. cold start, 30-line traceback ({args.runs} interleaved runs, medians)")
+    print(f"   python -c 'import rich.console'   {base * 1000:7.1f} ms")
+    print(f"   mpdoctor explain traceback.log    {cand * 1000:7.1f} ms")
+    print(f"   ratio {cand / base:.2f}x   (target <= 1.5x)")
+
+    log = args.log or Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.size_mb}MB.log"
+    t = time.perf_counter()
+    training_log(log, args.size_mb)
+    made = time.perf_counter() - t
+    size = log.stat().st_size
+    phrases = grep_phrases()
+    pattern = "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", p) for p in phrases)
+    grep = shutil.which("grep") or "grep"
+    cmds = {"grep -E": [grep, "-E", "-i", "-c", pattern, str(log)],
+            "mpdoctor explain": mpdoctor + ["explain", str(log), "--format", "json"]}
+    subprocess.run(cmds["mpdoctor explain"], capture_output=True)  # page cache and compiled prefilter warm
+    subprocess.run(cmds["grep -E"], capture_output=True)
+    times = interleaved(cmds, args.big_runs, env=env)
+    g, m = statistics.median(times["grep -E"]), statistics.median(times["mpdoctor explain"])
+    rss = peak_rss_mb(cmds["mpdoctor explain"])
+    out = subprocess.run(cmds["mpdoctor explain"], capture_output=True, text=True)
+    found = re.findall(r'"rule": "([\w-]+)"', out.stdout)
+    print(f"\n2. {size / 1e6:.0f} MB training log, one traceback near the end "
+          f"({'made in %.0f s, ' % made if made > 1 else ''}{args.big_runs} interleaved runs, medians)")
+    print(f"   grep -E -i ({len(phrases)} rule phrases)  {g:7.2f} s   ({size / g / 1e6:.0f} MB/s)")
+    print(f"   mpdoctor explain --format json    {m:7.2f} s   ({size / m / 1e6:.0f} MB/s)")
+    print(f"   ratio {m / g:.2f}x   (target <= 3x)")
+    print(f"   peak memory {rss:.0f} MB   (target < 200 MB)")
+    print(f"   findings: {', '.join(found) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

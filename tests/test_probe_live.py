@@ -6,6 +6,7 @@ Timings are not asserted (bench/ measures speed); what a user reads is.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pty
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("accelerate")
+# find_spec, not importorskip: the parent side never imports torch, nor should its tests.
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None:
+    pytest.skip("torch and accelerate are needed for live probe runs", allow_module_level=True)
 
 from mpdoctor.probe import ProbeOptions, run_probe  # noqa: E402
 from mpdoctor.probe.analysis import build_rows  # noqa: E402
@@ -121,14 +123,14 @@ def test_crashing_modes_are_explained_while_the_others_report():
     assert b"mode no" not in stdout.encode()
     assert "| no | ✓ |" in stdout
     assert "| fp16 | ✗ failed |" in stdout and "| bf16 | ✗ failed |" in stdout
-    assert "fp16: killed by SIGABRT during train (after step 1 of 2)" in stdout
+    assert "fp16: killed by SIGABRT during import" in stdout
     assert "DefaultCPUAllocator: can't allocate memory" in stdout
     assert "`host-out-of-memory`" in stdout  # the rule base's explanation of bf16's error
     assert "Recommendation: no:" in stdout
 
 
 def test_a_hanging_mode_is_killed_at_its_deadline(tmp_path):
-    opts = ProbeOptions(modes=["bf16"], model="mlp", steps=3, timeout_s=6)
+    opts = ProbeOptions(modes=["bf16"], model="mlp", steps=3, timeout_s=3)
     os.environ["MPDOCTOR_PROBE_FAULT"] = "bf16:hang"
     try:
         started = time.monotonic()
@@ -136,10 +138,10 @@ def test_a_hanging_mode_is_killed_at_its_deadline(tmp_path):
     finally:
         del os.environ["MPDOCTOR_PROBE_FAULT"]
     assert out.timed_out and out.result is None
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 15
     row = build_rows([out], opts)[0]
     assert row.ok is False and row.timed_out
-    assert row.error.startswith("timed out after 6 s")
+    assert row.error == "timed out after 3 s during import; the child was killed"
     # the whole process group is gone, not left running
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path / "bf16.spec.json") not in ps

@@ -7,9 +7,9 @@ A failure is not caught: the genuine traceback on stderr is what the parent expl
 with the rule base, exactly as `mpdoctor explain` would.
 
 MPDOCTOR_PROBE_FAULT=MODE:KIND[,MODE:KIND] makes the child of MODE fail for real, for
-the tests and for trying the report out: `oom` (a real allocation far beyond memory),
-`dtype` (the model cast to half and fed float), `hang` (never finishes a step),
-`abort` (dies by SIGABRT with no traceback).
+the tests and for trying the report out: `oom` (a real allocation far beyond memory, at
+the second step), `dtype` (the model cast to half and fed float), and, before torch is
+even imported, `hang` (never finishes) and `abort` (dies by SIGABRT, no traceback).
 """
 
 from __future__ import annotations
@@ -188,6 +188,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     mode, steps, warmup = spec["mode"], int(spec["steps"]), int(spec["warmup"])
     fault = _fault(mode)
     emit("phase", name="import")
+    # These two test the parent, not torch: they happen before the (slow) import.
+    if fault == "hang":
+        while True:
+            time.sleep(1)
+    if fault == "abort":
+        os.abort()
     import torch
 
     import accelerate
@@ -264,11 +270,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     times: list[float] = []
     losses: list[float] = []
     for i in range(steps):
-        if fault == "hang" and i == 1:
-            while True:
-                time.sleep(1)
-        if fault == "abort" and i == 1:
-            os.abort()
         if fault == "oom" and i == 1:
             # A real allocation failure, with the allocator's own message.
             torch.empty(1 << 52, dtype=torch.uint8, device=device)

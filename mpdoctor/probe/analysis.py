@@ -178,7 +178,11 @@ def _fill_measured(row: ModeRow, res: dict[str, Any], base: dict[str, Any] | Non
     row.final_loss = res.get("final_loss")
     row.skipped_steps = obs.get("skipped_steps", 0)
     row.final_scale = obs.get("scaler", {}).get("final_scale")
+    # Steps whose loss was non-finite, plus the fixed batch if its logits were; a module
+    # watch() saw go non-finite while the loss stayed finite still counts once.
     row.nonfinite_count = int(obs.get("nonfinite_count", 0)) + int(res["eval"].get("nonfinite_logits", 0) > 0)
+    if not row.nonfinite_count and obs.get("module_nonfinite"):
+        row.nonfinite_count = 1
     row.peak_activation = res["eval"].get("peak_abs")
     row.cpu_used_by_others = res.get("cpu_used_by_others")
     if base is None:

@@ -105,7 +105,7 @@ def test_rows_compare_against_fp32_and_refuse_gains_for_a_mode_that_did_not_run(
     assert rows["fp16"].ran_as_requested is False
     f = rows["fp16"].findings[0]
     assert (f.category, f.severity, f.rule) == ("fp16-unsupported-device", "warning", "probe-fp16-not-applied")
-    assert "float32" in f.title
+    assert "float32" in f.title and f.facts["mode"] == "fp16"
     assert abs(rows["bf16"].speedup - 2.0) < 1e-9
     assert abs(rows["bf16"].memory_saving - 0.4) < 1e-9
     assert abs(rows["bf16"].loss_rel_diff - 0.005) < 1e-9

@@ -136,7 +136,9 @@ def _explain(text: str, rules: list[str]) -> tuple[list[Finding], list[str]]:
 
 
 def _tagged(f: Finding, mode: str) -> Finding:
-    f.facts = {"mode": mode, **f.facts}
+    """Every probe finding says which mode's run it rests on (facts.mode)."""
+    if f.facts.get("mode") != mode:
+        f.facts = {"mode": mode, **{k: v for k, v in f.facts.items() if k != "mode"}}
     return f
 
 
@@ -156,7 +158,7 @@ def build_rows(outcomes: list[ChildOutcome], opts: ProbeOptions) -> list[ModeRow
         else:
             _fill_measured(row, out.result, base_res, opts)
             found, _ = _explain(out.stderr_tail, opts.rules)
-            row.findings = [_tagged(f, out.mode) for f in found] + _own_findings(row, out.result, base_res, opts)
+            row.findings = [_tagged(f, out.mode) for f in found + _own_findings(row, out.result, base_res, opts)]
         row.findings = _dedupe(rank_findings(row.findings))
         rows.append(row)
     return rows

@@ -144,3 +144,14 @@ def test_bad_arguments_exit_2_with_a_clear_message():
         out = subprocess.run([sys.executable, "-m", "mpdoctor", "probe", *args], capture_output=True, text=True)
         assert out.returncode == 2, args
         assert out.stderr.startswith("mpdoctor: ") and "Traceback" not in out.stderr
+
+
+def test_check_probe_does_not_probe_here_for_another_machines_snapshot():
+    from pathlib import Path
+
+    from mpdoctor.probe import run_probe_for_check
+
+    snap = json.loads((Path(__file__).resolve().parents[1] / "fixtures/snapshots/a100-bf16.json").read_text())
+    out = run_probe_for_check(snap, progress=False)
+    assert out["ran"] is False and out["findings"] == []
+    assert "from another machine (AMD EPYC 7742" in out["lines"][0]

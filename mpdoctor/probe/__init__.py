@@ -46,12 +46,41 @@ def run_probe_for_check(snapshot: dict[str, Any] | None = None, opts: ProbeOptio
     if torch_status != "ok":
         return {"findings": [], "lines": [f"not run: torch does not import here ({torch_status}); "
                                           "see the findings above"], "ran": False}
+    elsewhere = _other_machine(snapshot)
+    if elsewhere:
+        return {"findings": [], "lines": [f"not run: the snapshot is from another machine ({elsewhere}); "
+                                          "the probe measures only the machine it runs on"], "ran": False}
     report = run_probe_with_progress(opts or ProbeOptions(), progress=progress)
     out = report.to_dict()
     out["findings"] = report.findings
     out["lines"] = to_text_lines(report)
     out["ran"] = True
     return out
+
+
+def _other_machine(snapshot: dict[str, Any] | None) -> str | None:
+    """A recorded snapshot's CPU, when it is not this machine's (a --snapshot from
+    elsewhere): probing here would answer a question nobody asked."""
+    import os
+
+    cpu = (snapshot or {}).get("cpu") or {}
+    model, cores = cpu.get("model"), cpu.get("logical_cores")
+    if not model:
+        return None
+    here = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    here = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        return None  # cannot tell: probe
+    if here is None:
+        return None
+    if here != model or (cores and cores != os.cpu_count()):
+        return f"{model}, {cores} logical cores"
+    return None
 
 
 def run_probe_with_progress(opts: ProbeOptions, *, progress: bool = True) -> ProbeReport:

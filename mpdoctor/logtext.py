@@ -54,12 +54,12 @@ _CONTROL = _LazyRe(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # NFKC maps most full-width forms to ASCII but glues them to the next word
 # ("RuntimeError：CUDA" -> "RuntimeError:CUDA"); these keep the space that the English
 # message has, so that rules see the library's own wording.
-_WIDE_PUNCT = _LazyRe(r"\s*([（【「『])|([：；，。、！？）】」』])[ \t\u3000]*")
+_WIDE_PUNCT = _LazyRe(r"([（【「『])|([：；，。、！？）】」』])[ \t\u3000]{0,8}")
 _WIDE_MAP = {
     "：": ": ", "；": "; ", "，": ", ", "。": ". ", "、": ", ", "！": "! ", "？": "? ",
     "（": " (", "）": ") ", "【": " [", "】": "] ", "「": ' "', "」": '" ', "『": ' "', "』": '" ',
 }
-_QUOTES = str.maketrans({"“": '"', "”": '"', "‘": "'", "’": "'", "\u3000": " ", "\u00a0": " "})
+_QUOTE_PAIRS = (("“", '"'), ("”", '"'), ("‘", "'"), ("’", "'"), ("\u3000", " "), ("\u00a0", " "))
 _TRAILING_PUNCT_SPACE = _LazyRe(r"(?<=[:;,.!?)\]\"]) (?=[\"')\],.]|$)")
 
 # Prefixes stacked before the real text. Each is tried repeatedly at the line start.
@@ -116,7 +116,7 @@ _BOX_TOP = _LazyRe(r"^\s*[╭┏╔]─*\s*(?P<title>.*?)\s*─*[╮┓╗]\s*$"
 _BOX_TOP_ASCII = _LazyRe(r"^\s*\+-+ ?(?P<title>Traceback \(most recent call last\)) ?-+\+\s*$")
 _BOX_BOTTOM = _LazyRe(r"^\s*(?:[╰┗╚][─━═]*[╯┛╝]|\+-{10,}\+)\s*$")
 _SIDES = "│┃║"
-_INNER_BORDER = _LazyRe(r"^[╭╰][─]*(?:[^─]{0,80}─*)?[╮╯]$")
+_INNER_BORDER = _LazyRe(r"^[╭╰]─*(?:[^─]{1,80}─*)?[╮╯]$")
 
 # Text that starts a new logical line even when glued onto another.
 _GLUED = _LazyRe(
@@ -124,7 +124,7 @@ _GLUED = _LazyRe(
     r"|(?<=\S)\s{2,}(?=File \"[^\"]{1,500}\", line \d)"  # padded lines joined in a paste
 )
 # A traceback flattened onto one line: "Traceback (...): File "a.py", line 3, in f x() ..."
-_FLAT_FRAME = _LazyRe(r"\s+(?=File \"[^\"]{1,500}\", line \d{1,7})")
+_FLAT_FRAME = _LazyRe(r"(?<=\S)\s+(?=File \"[^\"]{1,500}\", line \d{1,7})")
 _FLAT_CODE = _LazyRe(r"^(File \"[^\"]{1,500}\", line \d{1,7}, in [^\s]{1,200})\s+(.+)$")
 _FLAT_EXC = _LazyRe(
     r"\s(?=(?:[A-Za-z_]\w{0,60}\.){0,8}[A-Z]\w{0,60}(?:Error|Exception|Interrupt|Exit|Warning|Failure|Failed)(?::\s|$))"
@@ -167,7 +167,7 @@ class LogLine(_Plain):
         self.stream = stream
 
 
-_PROGRESS = _LazyRe(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d+/\d+ \[\d")
+_PROGRESS = _LazyRe(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d{1,12}/\d{1,12} \[\d")
 
 
 def split_overwrites(line: str) -> list[str]:
@@ -183,7 +183,10 @@ def split_overwrites(line: str) -> list[str]:
 
 
 def _wide_punct(m: re.Match[str]) -> str:
-    return _WIDE_MAP[m.group(1) or m.group(2)]
+    if m.group(1):  # an opening bracket: one space before it, whatever was there
+        i = m.start()
+        return _WIDE_MAP[m.group(1)].lstrip() if i == 0 or m.string[i - 1] in " \t\u3000" else _WIDE_MAP[m.group(1)]
+    return _WIDE_MAP[m.group(2)]
 
 
 def clean_physical_line(line: str) -> str:
@@ -193,7 +196,10 @@ def clean_physical_line(line: str) -> str:
     line = _CONTROL.sub("", line)
     if not line.isascii():
         line = _WIDE_PUNCT.sub(_wide_punct, line)
-        line = unicodedata.normalize("NFKC", line.translate(_QUOTES)).replace("\ufffd", "?")
+        for fancy, plain in _QUOTE_PAIRS:  # str.replace: translate() is slow on long lines
+            if fancy in line:
+                line = line.replace(fancy, plain)
+        line = unicodedata.normalize("NFKC", line).replace("\ufffd", "?")
         line = _TRAILING_PUNCT_SPACE.sub("", line)
     return line.rstrip()
 
@@ -388,6 +394,8 @@ def _box_line(st: _Stream, body: str, no: int, rank: int | None, cleaned: str, s
               out: list[LogLine], flush_box, flush_message) -> bool:
     """Handle a line that may belong to a rich box; True when it was consumed."""
     stripped = body.strip()
+    if len(stripped) > 2000:  # wider than any terminal: not a box line
+        return False
     top = _BOX_TOP.match(stripped) or _BOX_TOP_ASCII.match(stripped)
     if top and (st.box is None or "Traceback" in top.group("title")):
         flush_box(st)

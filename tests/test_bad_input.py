@@ -146,7 +146,7 @@ FRAGMENTS = st.sampled_from([
 LOGLIKE = st.lists(st.one_of(FRAGMENTS, st.text(max_size=30)), max_size=60).map("".join)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(st.binary(max_size=3000), LOGLIKE.map(lambda s: s.encode("utf-8", "surrogatepass"))))
 def test_any_bytes_give_a_documented_exit_code(tmp_path, capsys, data):
     path = tmp_path / "fuzz.log"
@@ -162,7 +162,7 @@ def test_any_bytes_give_a_documented_exit_code(tmp_path, capsys, data):
             assert err == ""
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(text=LOGLIKE)
 def test_any_text_explains_without_error(text):
     report = explain_text(text, RULES)

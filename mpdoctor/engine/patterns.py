@@ -125,6 +125,41 @@ def check_bounded(pattern: str) -> None:
     outside its own inner repetitions (a literal, a character class): (?:foo\\s+)+."""
     parsed = sre_parse.parse(pattern)
     _walk(list(parsed), inside_unbounded=False)
+    if _wildcards(list(parsed)) >= 2:
+        raise PatternError(
+            "has two unbounded wildcards (.* .+ \\S+ [^x]*), which can take polynomial time "
+            "on a long line; bound one of them, e.g. .{0,200}"
+        )
+
+
+def _wildcards(seq: list) -> int:
+    """How many unbounded repetitions of a wide class (., \\S, [^...]) the pattern has."""
+    n = 0
+    for op, av in seq:
+        if _is_repeat(op):
+            lo, hi, body = av
+            if (hi is MAXREPEAT or hi > 1000) and len(body) == 1 and _is_wide(body[0]):
+                n += 1
+            else:
+                n += _wildcards(list(body))
+        elif op is SUBPATTERN:
+            n += _wildcards(list(av[-1]))
+        elif op is BRANCH:
+            n += max((_wildcards(list(b)) for b in av[1]), default=0)
+    return n
+
+
+def _is_wide(item) -> bool:
+    op, av = item
+    any_op = getattr(sre_parse, "ANY", None)
+    if op is any_op:
+        return True
+    if op is IN:
+        items = list(av)
+        if items and items[0][0] is getattr(sre_parse, "NEGATE", None):
+            return True
+        return any(o is getattr(sre_parse, "CATEGORY", None) and "NOT" in str(a) for o, a in items)
+    return False
 
 
 def _is_repeat(op) -> bool:

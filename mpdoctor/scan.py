@@ -17,8 +17,8 @@ from typing import BinaryIO, Callable, Iterable
 
 Progress = Callable[[int, "int | None"], None]  # (bytes read so far, total size or None)
 
-WHOLE_LIMIT = 16 * 1024 * 1024
-CHUNK = 64 * 1024 * 1024
+WHOLE_LIMIT = 16 * 1024 * 1024  # read whole up to this size
+CHUNK = 16 * 1024 * 1024  # read at a time: the scan is as fast, and memory stays low
 LINES_BEFORE = 80  # the traceback above an error line
 LINES_AFTER = 40  # the message below a header or an error line
 HEAD_BUDGET = 16 * 1024 * 1024  # region bytes kept from the start of the log
@@ -135,10 +135,11 @@ def read_log(path: str, literals: "Iterable[str] | Prefilter | Callable[[], Pref
 
 
 class Prefilter:
-    """What the streaming scan looks for: the rules' literals (the pure-Python scan, and
-    the fallback for a pattern without a skeleton) and, for Hyperscan, each pattern's
-    skeleton (its fixed text in order: few false hits even when a literal such as
-    "loss" is on every line of a training log)."""
+    """What the streaming scan looks for. `skeletons`: one Hyperscan expression per pattern
+    (its least common fixed text, engine.match._native_expression), so that a word such as
+    "loss" on every line of a training log does not make every line a hit; `literals` and
+    `checks`: the same for the pure-Python scan, which checks a hit's line against the
+    pattern's other fixed runs."""
 
     __slots__ = ("literals", "skeletons", "first_literals", "first_skeletons", "checks")
 

@@ -116,49 +116,39 @@ class LogMatcher:
     def prefilter(self) -> Any:
         """What a streaming scan of a big log must keep: every line a pattern (or a
         requires / excludes / context pattern) could match. Built on first use, since
-        only a log too big to read whole needs it."""
+        only a log too big to read whole needs it, from what the rule cache holds (each
+        pattern's ordered fixed runs), so it costs no pattern parsing."""
         if self._prefilter is None:
             from ..scan import Prefilter
-            from .patterns import PatternError, required_literals, skeleton
 
-            literals = set(self.index.owners)
-            skeletons: list[tuple[bytes, bool]] = []
-            first_literals: set[str] = set()
-            first_skeletons: list[tuple[bytes, bool]] = []
-
-            def add(rx: Any, lits: set[str], skels: list[tuple[bytes, bool]]) -> None:
-                sk = skeleton(rx.pattern)
-                if sk is not None and _longest_run(sk[0]) >= 3:
-                    skels.append(sk)
-                try:  # the pure-Python scan looks for literals
-                    found = required_literals(rx.pattern)
-                except PatternError:
-                    return  # nothing to look for: the head of the log still has it
-                lits.update(found)
-                if sk is None or _longest_run(sk[0]) < 3:
-                    skels.extend((_escape_bytes(lit), True) for lit in found)
-
-            # The pure-Python scan looks, for each pattern, for its least common fixed step
-            # ("nan|NaN|inf" rather than the "loss" on every line of a training log), then
-            # checks the pattern's other runs on that line.
             scan_literals: set[str] = set()
-            checks: dict[str, list] = {}
+            expressions: list[tuple[bytes, bool]] = []
+            first_literals: set[str] = set()
+            first_expressions: list[tuple[bytes, bool]] = []
+            checks: dict[tuple[str, bool], list] = {}
             for rule in self.rules:
                 for rx in rule.patterns:
-                    add(rx, literals, skeletons)
+                    expr = _native_expression(rx)
                     step = _scan_step(rx)
-                    if step is None:
+                    if expr is None or step is None:  # no runs: the rule's literals, every hit kept
+                        expressions.extend((_escape_bytes(lit), True) for lit in rule.literals)
                         for lit in rule.literals:
                             scan_literals.add(lit)
                             checks.setdefault((lit, True), []).append(None)
                         continue
-                    for alt in step:  # searched in the pattern's own case
+                    expressions.append(expr)
+                    for alt in step:  # the pure-Python scan: this step, in the pattern's case
                         scan_literals.add(alt.lower())
                         checks.setdefault((alt, rx.caseless), []).append((rx.runs, rx.caseless))
                 for rx in (*rule.requires, *rule.excludes, *rule.context):
-                    add(rx, first_literals, first_skeletons)
-            self._prefilter = Prefilter(sorted(scan_literals), sorted(set(skeletons)),
-                                        sorted(first_literals), sorted(set(first_skeletons)))
+                    expr = _native_expression(rx)
+                    step = _scan_step(rx)
+                    if expr is None or step is None:
+                        continue  # nothing fixed to look for: the head of the log still has it
+                    first_expressions.append(expr)
+                    first_literals.update(a.lower() for a in step)
+            self._prefilter = Prefilter(sorted(scan_literals), sorted(set(expressions)),
+                                        sorted(first_literals), sorted(set(first_expressions)))
             # (literal, caseless) -> the runs to check on its line; None keeps every hit
             self._prefilter.checks = {key: (c if all(x is not None for x in c) else None)
                                       for key, c in checks.items()}
@@ -351,7 +341,8 @@ def _count(hits: list[Hit]) -> int:
 
 # Words on nearly every line of a training log: a poor literal to scan a big log for.
 _COMMON_IN_LOGS = ("loss", "norm", "step", "epoch", "rank", "error", "warning", "train", "time",
-                   "grad", "batch", "iter", "eval", "cuda", "torch", "memory", "tokens", "samples")
+                   "grad", "batch", "iter", "eval", "cuda", "torch", "memory", "tokens", "samples",
+                   "grad_norm", "learning_rate", "throughput")
 
 
 def _scan_step(rx: Any) -> tuple[str, ...] | None:
@@ -363,21 +354,38 @@ def _scan_step(rx: Any) -> tuple[str, ...] | None:
         alts = [a.lower() for a in step] if caseless else list(step)
         if any(len(a.strip()) < 3 for a in alts):
             continue
-        common = any(a.strip() in w or w in a.strip() and len(a.strip()) < len(w) + 3
-                     for a in alts for w in _COMMON_IN_LOGS)
-        key = (0 if common else 1, min(len(a) for a in alts))
+        key = (0 if _is_common(tuple(alts), False) else 1, min(len(a) for a in alts))
         if key > best_key:
             best, best_key = step, key
     return best
 
 
-def _longest_run(expr: bytes) -> int:
-    """Length of the longest fixed run in a skeleton (escapes count as one character)."""
-    text = re.sub(rb"\\x[0-9a-f]{2}", b"x", expr)
-    return max((len(p) for p in re.split(rb"\.\*|[()|?:]", text)), default=0)
+def _native_expression(rx: Any) -> tuple[bytes, bool] | None:
+    """The Hyperscan expression for a pattern: its least common fixed step (an
+    alternation of literals, fast to scan for); when every step is common in training
+    logs, the two longest in their order ("loss.*(?:nan|inf)"), so that a literal on
+    every line does not make every line a hit. Matches a superset of the lines the
+    pattern matches: (expression, caseless)."""
+    steps = [s for s in getattr(rx, "runs", ()) if all(len(a) >= 3 for a in s)]
+    best = _scan_step(rx)
+    if best is None or best not in steps:
+        return None
+    group = lambda step: b"(?:" + b"|".join(_escape_bytes(a) for a in step) + b")"  # noqa: E731
+    if not _is_common(best, rx.caseless) or len(steps) < 2:
+        return group(best), rx.caseless
+    longest = sorted(steps, key=lambda s: -min(len(a) for a in s))[:2]
+    ordered = [s for s in steps if s in longest]
+    return b".*".join(group(s) for s in ordered), rx.caseless
+
+
+def _is_common(step: tuple[str, ...], caseless: bool) -> bool:
+    alts = [a.lower() for a in step] if caseless else list(step)
+    return any(a.strip() in w or w in a.strip() and len(a.strip()) < len(w) + 6
+               for a in alts for w in _COMMON_IN_LOGS)
 
 
 def _escape_bytes(lit: str) -> bytes:
+    """A literal as a Hyperscan expression (every non-alphanumeric byte as \\xHH)."""
     return "".join(c if c.isascii() and c.isalnum() else "".join(f"\\x{b:02x}" for b in c.encode())
                    for c in lit).encode("ascii")
 

@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -116,6 +116,7 @@ class Watcher:
         # (kind, module, device, offset-in-scalars or vector index, aux, step, dtype)
         self._meta: list[tuple] = []
         self._out_cache: dict[int, tuple[Any, int]] = {}
+        self._gen = 0  # +1 at every flush: indices into _meta are only valid within one
         self._gin: dict[int, tuple[Any, list]] = {}
         self._warned_modules: set[str] = set()
         self._nf_phases: set[str] = set()
@@ -282,7 +283,7 @@ class Watcher:
                     self._out_cache[tid] = (weakref.ref(t), in_idx)
                 if t.requires_grad and torch.is_grad_enabled():
                     self._grad_hook_on(t, mod, "gin")
-            st.append((mod, in_idx))
+            st.append((mod, in_idx, self._gen))
         except Exception as exc:
             self._fail(exc)
         return None
@@ -294,7 +295,9 @@ class Watcher:
             st = self._stack()
             in_idx = -1
             if st and st[-1][0] is mod:
-                in_idx = st.pop()[1]
+                _, in_idx, gen = st.pop()
+                if gen != self._gen:  # read out by a flush in between: the index is gone
+                    in_idx = -1
             if out is None:
                 exc = sys.exc_info()[1]
                 if exc is not None:
@@ -439,6 +442,7 @@ class Watcher:
             return
         meta, scalars, vectors = self._meta, self._scalars, self._vectors
         self._meta, self._scalars, self._vectors = [], {}, {}
+        self._gen += 1
         self._out_cache.clear()
         self._gin.clear()
         values: dict[Any, list[float]] = {}
@@ -803,4 +807,3 @@ def _is_accelerator(obj: Any) -> bool:
     return type(obj).__name__ == "Accelerator" and hasattr(obj, "prepare")
 
 
-Hook = Callable[..., Any]

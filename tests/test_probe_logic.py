@@ -66,10 +66,21 @@ def test_as_fast_and_leaner_is_recommended_on_memory():
     assert rec["mode"] == "bf16" and rec["basis"] == "memory"
 
 
-def test_busy_machine_is_said_in_the_recommendation():
-    rec = recommend([row("no", cpu_used_by_others=0.6), row("bf16", speedup=1.5)])
+def test_busy_gpu_run_keeps_its_verdict_with_a_caveat():
+    rec = recommend([row("no", cpu_used_by_others=0.6), row("bf16", speedup=1.5)], device_type="cuda")
     assert rec["mode"] == "bf16" and rec["timings_reliable"] is False
-    assert "busy" in rec["reason"]
+    assert "timings are unreliable (no: other processes used 60% of the CPUs)" in rec["reason"]
+
+
+def test_busy_cpu_gives_no_speed_verdict():
+    # A neighbour's job made fp32 look slow: bf16's "1.5x" is the neighbour, not bf16.
+    rows = [row("no", cpu_used_by_others=0.6), row("bf16", speedup=1.5, memory_saving=0.28, loss_rel_diff=1e-5)]
+    rec = recommend(rows, device_type="cpu")
+    assert rec["mode"] == "no" and rec["basis"] == "timings unreliable"
+    assert "Modes that train here: no, bf16 (28% less memory, loss within 0.001%)" in rec["reason"]
+    assert rec["if_memory_bound"]["mode"] == "bf16" and "faster" not in rec["if_memory_bound"]["reason"]
+    # wildly varying steps are noise too, busy or not
+    assert recommend([row("no"), row("bf16", speedup=1.5, step_time_spread=1.2)], "cpu")["mode"] == "no"
 
 
 def test_no_working_mode_recommends_nothing():

@@ -30,7 +30,8 @@ def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeRepo
                "model": opts.model, "batch_size": opts.batch_size, "device": opts.device,
                "stress": opts.stress, "timeout_s": opts.timeout_s, "seed": opts.seed,
                "accelerate": first.get("accelerate")}
-    return ProbeReport(rows=rows, recommendation=recommend(rows), device=first.get("device", {}),
+    device = first.get("device", {})
+    return ProbeReport(rows=rows, recommendation=recommend(rows, device.get("type")), device=device,
                        workload=first.get("workload", {}), overhead=(base or {}).get("overhead"),
                        options=options, wall_s=meta["wall_s"])
 

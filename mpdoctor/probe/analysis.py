@@ -29,6 +29,9 @@ MAX_SKIPPED_FRACTION = 0.2
 # Other processes' share of the CPUs during a mode's timing above which its timings
 # are called unreliable.
 BUSY_SHARE = 0.15
+# A mode whose step times' interquartile range exceeds this share of their median was
+# timed in noise (the CPU's frequency, a neighbour's burst), not in its precision.
+MAX_SPREAD = 0.5
 
 
 @dataclass
@@ -402,13 +405,51 @@ def _why_not(r: ModeRow) -> str:
     return f"{r.mode}: {_gain_words(r)}"
 
 
-def recommend(rows: list[ModeRow]) -> dict[str, Any]:
+def timing_noise(r: ModeRow) -> str | None:
+    """Why this row's step time cannot be trusted, if it cannot."""
+    if (r.cpu_used_by_others or 0) > BUSY_SHARE:
+        return f"other processes used {r.cpu_used_by_others:.0%} of the CPUs"
+    if (r.step_time_spread or 0) > MAX_SPREAD:
+        return f"its step times varied ±{r.step_time_spread / 2:.0%}"
+    return None
+
+
+def recommend(rows: list[ModeRow], device_type: str | None = None) -> dict[str, Any]:
+    """The mode to set, why, and the line to write. On a CPU whose timings were
+    disturbed (a neighbour's job, wildly varying steps) no speed verdict is given:
+    the working modes and what did not depend on timing are said instead."""
+    noisy = {r.mode: timing_noise(r) for r in rows if r.ok and timing_noise(r)}
     rec = _recommend(rows)
-    busy = [r.mode for r in rows if (r.cpu_used_by_others or 0) > BUSY_SHARE]
-    rec["timings_reliable"] = not busy
-    if busy and rec.get("mode"):
-        rec["reason"] += " — but the machine was busy while " + ", ".join(busy) + " ran: re-run it idle"
+    rec["timings_reliable"] = not noisy
+    if not noisy or not rec.get("mode"):
+        return rec
+    why = "; ".join(f"{m}: {n}" for m, n in noisy.items())
+    if device_type == "cpu" and rec.get("basis") in ("speed", "memory", "none faster"):
+        working = [r for r in rows if r.ok and (r.ran_as_requested or r.mode == "no")]
+        words = ", ".join(r.mode + (f" ({_gain_words_untimed(r)})" if r.mode != "no" and _gain_words_untimed(r) else "")
+                          for r in working)
+        out = {"mode": "no", "basis": "timings unreliable", "timings_reliable": False,
+               "reason": (f"no, for now: the timings are unreliable ({why}). Modes that train here: {words}. "
+                          "Re-run `mpdoctor probe` on an idle machine for a speed verdict."),
+               "config": config_lines("no")}
+        lean = [r for r in rows if _usable(r) and (r.memory_saving or 0) >= MIN_MEMORY_SAVING]
+        if lean:
+            alt = max(lean, key=lambda r: r.memory_saving or 0)
+            out["if_memory_bound"] = {"mode": alt.mode, "reason": f"{alt.mode}: {_gain_words_untimed(alt)}",
+                                      "config": config_lines(alt.mode)}
+        return out
+    rec["reason"] += f" — but the timings are unreliable ({why}): re-run it idle"
     return rec
+
+
+def _gain_words_untimed(r: ModeRow) -> str:
+    parts = []
+    if r.memory_saving is not None:
+        parts.append(f"{r.memory_saving:.0%} less memory" if r.memory_saving >= 0 else
+                     f"{-r.memory_saving:.0%} more memory")
+    if r.loss_rel_diff is not None:
+        parts.append(f"loss within {_percent(r.loss_rel_diff)}")
+    return ", ".join(parts)
 
 
 def _recommend(rows: list[ModeRow]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..findings import Finding, Report, rank_findings
-from .analysis import BUSY_SHARE, ModeRow
+from .analysis import BUSY_SHARE, ModeRow, timing_noise
 
 
 @dataclass
@@ -150,6 +150,9 @@ def _footer_lines(report: ProbeReport) -> list[str]:
         worst = max(r.cpu_used_by_others or 0 for r in busy)
         lines.append(f"Timings are unreliable: other processes used up to {worst:.0%} of the CPUs while "
                      f"{', '.join(r.mode for r in busy)} ran. Run the probe on an idle machine.")
+    elif any(timing_noise(r) for r in report.rows if r.ok):
+        lines.append("Timings are unreliable: " + "; ".join(f"{r.mode}: {timing_noise(r)}" for r in report.rows
+                                                          if r.ok and timing_noise(r)) + ".")
     oh = report.overhead
     if oh:
         noisy = any(r.mode == "no" for r in busy)

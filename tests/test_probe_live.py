@@ -90,7 +90,7 @@ def test_recommendation_names_a_mode_that_ran(default_json):
     rec = default_json["recommendation"]
     assert rec["mode"] in ("no", "bf16")  # fp16 did not run here, fp8 is unavailable
     assert rec["config"]["accelerate_config"] == f"mixed_precision: {rec['mode']}"
-    assert rec["reason"].startswith(rec["mode"] + ":")
+    assert rec["reason"].startswith(rec["mode"])  # "no: ..." or "no, for now: ..." on a busy CPU
 
 
 def test_instrumentation_overhead_is_reported(default_json):

@@ -7,7 +7,10 @@ machine where those are broken.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 from .engine.match import LogMatcher
 from .engine.rules import Rule, load_rules
@@ -43,7 +46,7 @@ def explain_text(text: str, rules: list[Rule] | None = None) -> Report:
     return report
 
 
-def explain_path(path: str | Path, rules: list[Rule] | None = None, progress: Progress | None = None) -> Report:
+def explain_path(path: "str | Path", rules: list[Rule] | None = None, progress: Progress | None = None) -> Report:
     """Explain a file (or '-' for stdin) of any size. Raises scan.InputError.
 
     `progress(bytes_read, total)` is called while a big log is being read."""

@@ -6,7 +6,6 @@ returns a string or writes to the console it is given.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .findings import Finding, Report
@@ -18,6 +17,8 @@ _SKIP_FACTS = {"derive_error"}
 
 
 def to_json(report: Report) -> str:
+    import json
+
     return json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
 
 

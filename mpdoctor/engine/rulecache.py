@@ -15,28 +15,58 @@ from __future__ import annotations
 import marshal
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
-_FORMAT = 4
+_FORMAT = 7
+# kept in a second file, read only when a finding or a rule page needs them
+_DOC_KEYS = ("doc", "example", "near_miss", "explanation", "fixes", "references", "summary", "versions")
 
 
-def cache_dir() -> Path:
+class _Dir(str):
+    """A folder path as a str with the `/` of pathlib (pathlib costs a few ms to import)."""
+
+    def __truediv__(self, name: str) -> "_Dir":
+        return _Dir(os.path.join(self, name))
+
+    @property
+    def parent(self) -> "_Dir":
+        return _Dir(os.path.dirname(self))
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self)
+
+    def with_name(self, name: str) -> "_Dir":
+        return _Dir(os.path.join(os.path.dirname(self), name))
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        os.makedirs(self, exist_ok=exist_ok) if parents else os.mkdir(self)
+
+    def read_bytes(self) -> bytes:
+        with open(self, "rb") as fh:
+            return fh.read()
+
+    def write_bytes(self, data: bytes) -> None:
+        with open(self, "wb") as fh:
+            fh.write(data)
+
+
+def cache_dir() -> _Dir:
     if os.environ.get("MPDOCTOR_CACHE_DIR"):
-        return Path(os.environ["MPDOCTOR_CACHE_DIR"]).expanduser()
+        return _Dir(os.path.expanduser(os.environ["MPDOCTOR_CACHE_DIR"]))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mpdoctor"
+    return _Dir(os.path.join(base, "mpdoctor"))
 
 
 def _stamp() -> str:
     """What the cached literals depend on besides the rule files themselves."""
     from .. import __version__
 
-    here = Path(__file__).resolve().parent
+    here = os.path.dirname(os.path.realpath(__file__))
     parts = [f"v{_FORMAT}", __version__, sys.version.split()[0]]
     for name in ("patterns.py", "rules.py"):
         try:
-            st = (here / name).stat()
+            st = os.stat(os.path.join(here, name))
             parts.append(f"{st.st_mtime_ns}:{st.st_size}")
         except OSError:
             parts.append("?")
@@ -44,11 +74,13 @@ def _stamp() -> str:
 
 
 class RuleCache:
-    def __init__(self, path: Path | None):
+    def __init__(self, path: _Dir | None):
         self.path = path
         self.entries: dict[str, tuple[int, int, dict[str, Any], list[str], dict[str, Any]]] = {}
         self.dirty = False
         self.stamp = _stamp() if path is not None else ""
+        self._docs: dict[str, dict[str, Any]] | None = None
+        self._new_docs: dict[str, dict[str, Any]] = {}
         if path is not None:
             try:
                 blob = marshal.loads(path.read_bytes())
@@ -57,22 +89,50 @@ class RuleCache:
             except (OSError, ValueError, EOFError, TypeError, KeyError):
                 self.entries = {}
 
-    def lookup(self, file: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], list[str], dict[str, Any]] | None:
-        """The cached parse of `file`, if it was made from a file of this mtime and size."""
+    def _load_docs_file(self) -> dict[str, dict[str, Any]]:
+        if self._docs is None:
+            self._docs = {}
+            if self.path is not None:
+                try:
+                    blob = marshal.loads(self.path.with_name("rules-docs.marshal").read_bytes())
+                    if isinstance(blob, dict) and blob.get("stamp") == self.stamp:
+                        self._docs = blob["docs"]
+                except (OSError, ValueError, EOFError, TypeError, KeyError):
+                    pass
+        return self._docs
+
+    def docs(self, file: str) -> dict[str, Any]:
+        """The doc / examples / near misses of a cached rule file."""
+        key = os.path.abspath(file)
+        if key in self._new_docs:
+            return self._new_docs[key]
+        docs = self._load_docs_file()
+        if key not in docs:  # the docs file is gone or stale: read the rule again
+            from .rules import _read_toml
+
+            data = _read_toml(file)
+            return {k: data[k] for k in _DOC_KEYS if k in data}
+        return docs[key]
+
+    def lookup(self, file: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], dict[str, list]] | None:
+        """The cached rule of `file` (see rules.cache_form), if made from this mtime and size."""
         entry = self.entries.get(os.path.abspath(file))
         if entry is None or (mtime_ns, size) != (entry[0], entry[1]):
             return None
-        return entry[2], entry[3], entry[4]
+        return entry[2], entry[3]
 
-    def store(self, file: str, mtime_ns: int, size: int, data: dict[str, Any], literals: list[str],
-              extra: dict[str, Any]) -> None:
+    def store(self, file: str, mtime_ns: int, size: int, data: dict[str, Any], kw: dict[str, Any],
+              pats: dict[str, list]) -> None:
         if self.path is None:
             return
+        docs = {k: data[k] for k in _DOC_KEYS if k in data}
         try:
-            marshal.dumps((data, extra))  # TOML dates and times cannot be cached: skip the file
+            marshal.dumps((kw, pats, docs))  # TOML dates and times cannot be cached: skip the file
         except ValueError:
             return
-        self.entries[os.path.abspath(file)] = (mtime_ns, size, data, list(literals), dict(extra))
+        key = os.path.abspath(file)
+        self.entries[key] = (mtime_ns, size, kw, pats)
+        self._new_docs[key] = docs
         self.dirty = True
 
     def save(self) -> None:
@@ -80,9 +140,15 @@ class RuleCache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(marshal.dumps({"stamp": self.stamp, "entries": self.entries}))
-            os.replace(tmp, self.path)
+            docs = {k: v for k, v in self._load_docs_file().items() if k in self.entries}
+            docs.update(self._new_docs)
+            # the docs first: an entries file never points at docs that are not written
+            for name, blob in (("rules-docs.marshal", {"stamp": self.stamp, "docs": docs}),
+                               (self.path.name, {"stamp": self.stamp, "entries": self.entries})):
+                target = self.path.with_name(name)
+                tmp = target.with_name(f"{name}.{os.getpid()}.tmp")
+                tmp.write_bytes(marshal.dumps(blob))
+                os.replace(tmp, target)
             self.dirty = False
         except OSError:
             pass

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 from ..findings import CATEGORIES, SEVERITIES
 
@@ -53,7 +54,8 @@ class LazyPattern:
         self._rx: re.Pattern[str] | None = None
         # Literal runs every match contains, in order (lower-cased when caseless): a line
         # without them is skipped before the pattern is compiled or run.
-        self.runs = tuple(tuple(step) if not isinstance(step, str) else (step,) for step in runs)
+        self.runs = runs if type(runs) is tuple else tuple(
+            tuple(step) if not isinstance(step, str) else (step,) for step in runs)
         self.caseless = caseless
 
     def may_match(self, text: str, low: str | None = None) -> bool:
@@ -107,49 +109,158 @@ class LazyPattern:
         return f"LazyPattern({self.pattern!r})"
 
 
-@dataclass
 class Example:
     """A rule's own test case: text, a file under fixtures/, or (env rules) a snapshot."""
 
-    text: str | None = None
-    file: str | None = None
-    snapshot: str | None = None
-    facts: dict[str, Any] = field(default_factory=dict)
-    note: str = ""
+    __slots__ = ("text", "file", "snapshot", "facts", "note")
+
+    def __init__(self, text: str | None = None, file: str | None = None, snapshot: str | None = None,
+                 facts: dict[str, Any] | None = None, note: str = ""):
+        self.text = text
+        self.file = file
+        self.snapshot = snapshot
+        self.facts = facts if facts is not None else {}
+        self.note = note
+
+    def __repr__(self) -> str:
+        return f"Example(text={self.text!r}, file={self.file!r}, snapshot={self.snapshot!r}, facts={self.facts!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Example) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
 
 
-@dataclass
+_RULE_FIELDS = (
+    "id", "kind", "category", "severity", "title", "path", "summary", "priority", "consequence", "patterns",
+    "unless", "requires", "excludes", "context", "literals", "min_count", "supersedes", "derive", "derive_module",
+    "check", "explanation", "fixes", "references", "versions", "doc", "examples", "near_misses",
+)
+
+
 class Rule:
-    id: str
-    kind: str
-    category: str
-    severity: str
-    title: str
-    path: Path
-    summary: str = ""
-    priority: int = 50
-    consequence: bool = False
-    patterns: list[LazyPattern] = field(default_factory=list)
-    unless: list[LazyPattern] = field(default_factory=list)
-    requires: list[LazyPattern] = field(default_factory=list)
-    excludes: list[LazyPattern] = field(default_factory=list)
-    context: list[LazyPattern] = field(default_factory=list)
-    literals: list[str] = field(default_factory=list)
-    min_count: int = 1
-    supersedes: list[str] = field(default_factory=list)
-    derive: str | None = None
-    derive_module: str | None = None  # where `derive` lives (so only it is imported)
-    check: str | None = None
-    explanation: list[str] = field(default_factory=list)
-    fixes: list[str] = field(default_factory=list)
-    references: list[str] = field(default_factory=list)
-    versions: str = ""
-    doc: dict[str, str] = field(default_factory=dict)
-    examples: list[Example] = field(default_factory=list)
-    near_misses: list[Example] = field(default_factory=list)
+    """One rule (a TOML file). A plain class, not a dataclass (creating one costs about a
+    millisecond at import, and `explain` must start like a small script); `path` is a
+    pathlib.Path made on first use, for the same reason (pathlib imports urllib)."""
+
+    def __init__(self, id: str, kind: str, category: str, severity: str, title: str, path: "Path | str",
+                 summary: str = "", priority: int = 50, consequence: bool = False,
+                 patterns: list[LazyPattern] | None = None, unless: list[LazyPattern] | None = None,
+                 requires: list[LazyPattern] | None = None, excludes: list[LazyPattern] | None = None,
+                 context: list[LazyPattern] | None = None, literals: list[str] | None = None, min_count: int = 1,
+                 supersedes: list[str] | None = None, derive: str | None = None, derive_module: str | None = None,
+                 check: str | None = None, explanation: list[str] | None = None, fixes: list[str] | None = None,
+                 references: list[str] | None = None, versions: str = "", doc: dict[str, str] | None = None,
+                 examples: list[Example] | None = None, near_misses: list[Example] | None = None):
+        self.id = id
+        self.kind = kind
+        self.category = category
+        self.severity = severity
+        self.title = title
+        self.path = path  # type: ignore[assignment]
+        self.summary = summary
+        self.priority = priority
+        self.consequence = consequence
+        self.patterns = patterns or []
+        self.unless = unless or []
+        self.requires = requires or []
+        self.excludes = excludes or []
+        self.context = context or []
+        self.literals = literals or []
+        self.min_count = min_count
+        self.supersedes = supersedes or []
+        self.derive = derive
+        self.derive_module = derive_module  # where `derive` lives (so only it is imported)
+        self.check = check
+        self.explanation = explanation or []
+        self.fixes = fixes or []
+        self.references = references or []
+        self.versions = versions
+        self._docs: Any = None  # a loader for doc/examples/near_misses (the rule cache)
+        self.doc = doc or {}
+        self.examples = examples or []
+        self.near_misses = near_misses or []
+
+    # doc, examples and near misses are not needed to explain a log: from the rule cache
+    # they are read (a separate file) the first time one of them is asked for.
+    def _load_docs(self) -> None:
+        loader, self._docs = self._docs, None
+        if loader is not None:
+            data = loader() or {}
+            self._doc = {k: str(v).strip() for k, v in dict(data.get("doc", {})).items()}
+            self._examples = _cached_examples(data, "example")
+            self._near_misses = _cached_examples(data, "near_miss")
+            for key in ("explanation", "fixes", "references"):
+                v = data.get(key, [])
+                setattr(self, "_" + key, [v.strip()] if isinstance(v, str) else [x.strip() for x in v if x.strip()])
+            self._summary = str(data.get("summary", "")).strip()
+            self._versions = str(data.get("versions", ""))
+
+    def _lazy(name: str):  # type: ignore[misc]  # noqa: N805 - a property factory
+        def get(self):
+            self._load_docs()
+            return getattr(self, "_" + name)
+
+        def put(self, value) -> None:
+            setattr(self, "_" + name, value)
+
+        return property(get, put)
+
+    explanation = _lazy("explanation")
+    fixes = _lazy("fixes")
+    references = _lazy("references")
+    summary = _lazy("summary")
+    versions = _lazy("versions")
+    del _lazy
 
     @property
-    def root(self) -> Path:
+    def doc(self) -> dict[str, str]:
+        self._load_docs()
+        return self._doc
+
+    @doc.setter
+    def doc(self, value: dict[str, str]) -> None:
+        self._doc = value
+
+    @property
+    def examples(self) -> list[Example]:
+        self._load_docs()
+        return self._examples
+
+    @examples.setter
+    def examples(self, value: list[Example]) -> None:
+        self._examples = value
+
+    @property
+    def near_misses(self) -> list[Example]:
+        self._load_docs()
+        return self._near_misses
+
+    @near_misses.setter
+    def near_misses(self, value: list[Example]) -> None:
+        self._near_misses = value
+
+    @property
+    def path(self) -> "Path":
+        p = self._path
+        if not hasattr(p, "parent"):
+            from pathlib import Path
+
+            p = self._path = Path(p)
+        return p
+
+    @path.setter
+    def path(self, value: "Path | str") -> None:
+        self._path = value
+
+    def __repr__(self) -> str:
+        return f"Rule(id={self.id!r}, kind={self.kind!r}, category={self.category!r}, path={str(self._path)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rule) and all(getattr(self, k) == getattr(other, k) for k in _RULE_FIELDS)
+
+    __hash__ = object.__hash__
+
+    @property
+    def root(self) -> "Path":
         """The rules folder this rule came from (examples' `file` paths are relative
         to the project root, which is the folder above it)."""
         p = self.path.parent
@@ -219,34 +330,23 @@ def _cached_examples(data: dict, key: str) -> list[Example]:
             for d in data.get(key, [])]
 
 
-def rule_from_cache(path: Path, data: dict[str, Any], literals: list[str], extra: dict[str, Any]) -> Rule:
-    """A Rule from the cached parse of a file that was validated when it was cached: no
-    checks, and the patterns keep the runs found then (loading ~200 rules this way takes
-    a few milliseconds)."""
-    def texts(key: str) -> list[str]:
-        v = data.get(key, [])
-        return [v.strip()] if isinstance(v, str) else [x.strip() for x in v if x.strip()]
+_KW = ("id", "kind", "category", "severity", "title", "priority", "consequence", "literals",
+       "min_count", "supersedes", "derive", "derive_module", "check")
+_PATTERN_KEYS = ("patterns", "unless", "requires", "excludes", "context")
 
-    runs = extra.get("runs", {})
 
-    def pats(key: str) -> list[LazyPattern]:
-        v = data.get(key, [])
-        v = [v] if isinstance(v, str) else v
-        r = runs.get(key) or [((), False)] * len(v)
-        return [LazyPattern(src, rr[0], rr[1]) for src, rr in zip(v, r)]
+def cache_form(rule: Rule) -> tuple[dict[str, Any], dict[str, list]]:
+    """What the rule cache keeps of a validated rule: its constructor's arguments and, per
+    pattern list, (source, ordered runs, caseless): nothing left to parse or check."""
+    kw = {k: getattr(rule, k) for k in _KW}
+    pats = {key: [(p.pattern, tuple(tuple(step) for step in p.runs), p.caseless) for p in getattr(rule, key)]
+            for key in _PATTERN_KEYS}
+    return kw, pats
 
-    return Rule(
-        id=data["id"], kind=data.get("kind", "log"), category=data["category"],
-        severity=data.get("severity", "error"), title=data["title"].strip(), path=path,
-        summary=str(data.get("summary", "")).strip(), priority=int(data.get("priority", 50)),
-        consequence=bool(data.get("consequence", False)), patterns=pats("patterns"), unless=pats("unless"),
-        requires=pats("requires"), excludes=pats("excludes"), context=pats("context"), literals=list(literals),
-        min_count=int(data.get("min_count", 1)), supersedes=texts("supersedes"), derive=data.get("derive"),
-        derive_module=extra.get("derive_module"), check=data.get("check"), explanation=texts("explanation"),
-        fixes=texts("fixes"), references=texts("references"), versions=str(data.get("versions", "")),
-        doc={k: str(v).strip() for k, v in dict(data.get("doc", {})).items()},
-        examples=_cached_examples(data, "example"), near_misses=_cached_examples(data, "near_miss"),
-    )
+
+def rule_from_cache(path: "str | Path", kw: dict[str, Any], pats: dict[str, list]) -> Rule:
+    """A Rule from its cache form (loading ~200 rules this way takes a few milliseconds)."""
+    return Rule(path=path, **kw, **{key: [LazyPattern(*p) for p in pats.get(key, ())] for key in _PATTERN_KEYS})
 
 
 def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = None,
@@ -329,26 +429,38 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     return rule
 
 
-def builtin_rules_dir() -> Path:
-    here = Path(__file__).resolve().parent.parent
-    shipped = here / "builtin_rules"  # inside the wheel
-    if shipped.is_dir():
+def _builtin_rules_dir() -> str:
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    shipped = os.path.join(here, "builtin_rules")  # inside the wheel
+    if os.path.isdir(shipped):
         return shipped
-    return here.parent / "rules"  # a source checkout / editable install
+    return os.path.join(os.path.dirname(here), "rules")  # a source checkout / editable install
 
 
-def rule_dirs(extra: list[str | Path] | None = None) -> list[Path]:
-    dirs = [builtin_rules_dir()]
+def builtin_rules_dir() -> "Path":
+    from pathlib import Path
+
+    return Path(_builtin_rules_dir())
+
+
+def _dirs(extra: "list[str | Path] | None" = None) -> list[str]:
+    dirs = [_builtin_rules_dir()]
     env = os.environ.get("MPDOCTOR_RULES_PATH", "")
     for part in env.split(os.pathsep):
         if part.strip():
-            dirs.append(Path(part.strip()).expanduser())
+            dirs.append(os.path.expanduser(part.strip()))
     for d in extra or []:
-        dirs.append(Path(d).expanduser())
+        dirs.append(os.path.expanduser(str(d)))
     return dirs
 
 
-def _rule_files(directory: Path) -> list[Path]:
+def rule_dirs(extra: "list[str | Path] | None" = None) -> "list[Path]":
+    from pathlib import Path
+
+    return [Path(d) for d in _dirs(extra)]
+
+
+def _rule_files(directory: "str | Path") -> list[str]:
     """Every *.toml under `directory`, sorted, found with os.scandir (pathlib's rglob
     costs more than parsing a cached rule base)."""
     found: list[str] = []
@@ -366,16 +478,16 @@ def _rule_files(directory: Path) -> list[Path]:
                         found.append(entry.path)
         except OSError:
             continue
-    return [Path(p) for p in sorted(found)]
+    return sorted(found)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: "str | Path") -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
     try:
-        with path.open("rb") as fh:
+        with open(path, "rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise RuleError(path, None, f"is not valid TOML: {exc}") from None
@@ -385,38 +497,36 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise RuleError(path, None, f"cannot be read: {exc.strerror or exc}") from None
 
 
-def _stat_files(directory: Path) -> list[tuple[str, int, int]]:
+def _stat_files(directory: "str | Path") -> list[tuple[str, int, int]]:
     out = []
     for p in _rule_files(directory):
         try:
             st = os.stat(p)
         except OSError:
             continue
-        out.append((str(p), st.st_mtime_ns, st.st_size))
+        out.append((p, st.st_mtime_ns, st.st_size))
     return out
 
 
-def load_dir(directory: Path, _files: list[tuple[str, int, int]] | None = None) -> list[Rule]:
+def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None = None) -> list[Rule]:
     """The rules in one folder (and its subfolders); RuleError for the first bad one."""
     from . import rulecache
 
-    directory = Path(directory)
-    if not directory.is_dir():
+    if not os.path.isdir(directory):
         raise RuleError(directory, None, "is not a folder of rules")
     cache = rulecache.get()
     rules = []
     for name, mtime_ns, size in (_files if _files is not None else _stat_files(directory)):
-        path = Path(name)
+        path = name  # a str: Rule.path makes the Path when someone asks for it
         cached = cache.lookup(name, mtime_ns, size)
         if cached is not None:
-            data, literals, extra = cached
-            rules.append(rule_from_cache(path, data, literals, extra))
+            rule = rule_from_cache(path, *cached)
+            rule._docs = (lambda name=name: cache.docs(name))
+            rules.append(rule)
             continue
         data = _read_toml(path)
         rule = parse_rule(path, data)
-        runs = {key: [([list(step) for step in p.runs], p.caseless) for p in getattr(rule, key)]
-                for key in ("patterns", "unless", "requires", "excludes", "context")}
-        cache.store(name, mtime_ns, size, data, rule.literals, {"derive_module": rule.derive_module, "runs": runs})
+        cache.store(name, mtime_ns, size, data, *cache_form(rule))
         rules.append(rule)
     cache.save()
     return rules
@@ -434,18 +544,18 @@ def load_rules(extra: list[str | Path] | None = None, kind: str | None = None) -
     built-in rule by writing one of the same id in their own folder. The result is
     reused within a process while no rule file changes.
     """
-    dirs = rule_dirs(extra)
-    key = tuple(str(d) for d in dirs)
+    dirs = _dirs(extra)
+    key = tuple(dirs)
     files = [_stat_files(d) for d in dirs]
     sig = tuple(tuple(f) for f in files)
     if key not in _CACHE or _CACHE[key][0] != sig:
         by_id: dict[str, Rule] = {}
         for d, d_files in zip(dirs, files):
-            seen: dict[str, Path] = {}
+            seen: dict[str, str] = {}
             for rule in load_dir(d, d_files):
                 if rule.id in seen:
                     raise RuleError(rule.path, rule.id, f"the same id is already used by {seen[rule.id]}")
-                seen[rule.id] = rule.path
+                seen[rule.id] = str(rule._path)
                 by_id[rule.id] = rule
         _CACHE[key] = (sig, list(by_id.values()))
     rules = _CACHE[key][1]

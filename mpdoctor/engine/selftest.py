@@ -9,7 +9,10 @@ miss. Examples run against the whole rule set, as a user's log would.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 from typing import Callable
 
 from .rules import Example, Rule
@@ -24,7 +27,7 @@ class CaseResult:
     message: str = ""
 
 
-def example_path(rule: Rule, name: str) -> Path:
+def example_path(rule: Rule, name: str) -> "Path":
     for base in (rule.path.parent, rule.root.parent, rule.root):
         p = base / name
         if p.exists():

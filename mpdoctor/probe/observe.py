@@ -72,6 +72,10 @@ class MinimalObserver:
                 "nonfinite": self.nonfinite[:20], "nonfinite_count": len(self.nonfinite),
                 "findings": []}
 
+    def stop_watching(self) -> None:
+        """End the instrumentation's part; step_done() goes on counting."""
+        self._disarm()
+
     def detach(self) -> None:
         self._disarm()
 
@@ -92,45 +96,60 @@ class WatchObserver(MinimalObserver):
         self._step = 0
         self._hooks = []
         # After prepare(): the handle finds the prepared model on the accelerator.
-        self.handle = watch(accelerator)
+        self.handle: Any = watch(accelerator)
         self.watch_error: str | None = None
+        self.seen: dict[str, Any] | None = None  # what the handle saw, kept at stop_watching()
+        self.watched_steps = 0
 
-    def scaler(self) -> dict[str, Any]:
+    def step_done(self, loss: float) -> None:
+        super().step_done(loss)
+        if self.handle is not None:
+            self.watched_steps += 1
+
+    def _read_handle(self) -> dict[str, Any]:
         h = self.handle
-        mine = super().scaler()
         try:
-            skipped = len(h.skipped_steps)
-            scale = h.final_scale
-        except Exception as exc:  # fail open: the probe's own reading stands
+            return {"findings": [f.to_dict() for f in h.findings()], "autocast_dtype": h.autocast_dtype,
+                    "module_nonfinite": [n.to_dict() for n in h.nonfinite][:10], "plan": h.plan.to_dict(),
+                    "skipped_steps": len(h.skipped_steps), "final_scale": h.final_scale}
+        except Exception as exc:  # fail open: the probe still reports its own view
             self.watch_error = f"{type(exc).__name__}: {exc}"
-            return mine
-        if mine.get("present"):
-            mine["final_scale"] = scale if scale is not None else mine.get("final_scale")
-            mine["skipped_steps"] = max(skipped, mine.get("skipped_steps", 0))
-        return mine
+            return {}
+
+    def stop_watching(self) -> None:
+        if self.handle is None:
+            return
+        self.seen = self._read_handle()
+        self.detach()
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        h = self.handle
-        try:
-            findings = [f.to_dict() for f in h.findings()]
-            out["autocast_dtype"] = h.autocast_dtype
-            out["module_nonfinite"] = [n.to_dict() for n in h.nonfinite][:10]
-            out["plan"] = h.plan.to_dict()
-        except Exception as exc:  # fail open: the probe still reports its own view
-            findings = []
-            self.watch_error = f"{type(exc).__name__}: {exc}"
-        out["skipped_steps"] = out["scaler"].get("skipped_steps", self.skipped_steps)
-        out["findings"] = findings
+        seen = self.seen if self.handle is None else self._read_handle()
+        seen = seen or {}
+        out["autocast_dtype"] = seen.get("autocast_dtype")
+        out["findings"] = seen.get("findings", [])
+        out["module_nonfinite"] = seen.get("module_nonfinite", [])
+        out["plan"] = seen.get("plan")
+        out["watched_steps"] = self.watched_steps
+        scaler = out["scaler"]
+        if scaler.get("present"):
+            # The probe counted every step; the watch only the ones it watched.
+            scaler["skipped_steps"] = max(self.skipped_steps, seen.get("skipped_steps", 0))
+            if scaler.get("final_scale") is None:
+                scaler["final_scale"] = seen.get("final_scale")
+        out["skipped_steps"] = scaler.get("skipped_steps", self.skipped_steps)
         if self.watch_error:
             out["watch_error"] = self.watch_error
         return out
 
     def detach(self) -> None:
+        if self.handle is None:
+            return
         try:
             self.handle.close()
         except Exception:
             pass
+        self.handle = None
 
 
 def attach(accelerator: Any, model: nn.Module) -> MinimalObserver:

@@ -159,7 +159,8 @@ def _footer_lines(report: ProbeReport) -> list[str]:
         lines.append(f"Instrumentation overhead: {oh['ratio']:.2f}× step time ({oh['source']}; "
                      f"{oh['steps']} steps with vs without it in the fp32 child"
                      + ("; unreliable, the machine was busy" if noisy else "")
-                     + "). Every mode is timed with it attached, so the speed-ups compare like with like.")
+                     + "). It watches each mode's warm-up steps; the timed steps run without it, so the "
+                     "speed-ups compare precisions, not instrumentation.")
     d, w = report.device, report.workload
     if d:
         extra = f", {d.get('threads')} threads" if d.get("threads") else ""

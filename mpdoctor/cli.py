@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from . import __version__
 
@@ -40,14 +40,7 @@ def _add_output(p: argparse.ArgumentParser) -> None:
                    help="also load the rules in DIR (repeatable; MPDOCTOR_RULES_PATH works too)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mpdoctor", description=MAIN_HELP, epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"mpdoctor {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _explain_parser(sub: Any) -> None:
     p = sub.add_parser(
         "explain", help="explain a traceback or a training log",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
@@ -70,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--here", action="store_true",
                    help="collect this machine's environment and use it to sharpen the explanation")
 
+
+def _rules_parser(sub: Any) -> None:
     p = sub.add_parser("rules", help="list, show and test the rule base",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="exit status:\n  0  done (rules test: every case passed)\n"
@@ -89,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("dir", nargs="?", metavar="DIR", help="test only the rules in DIR (loaded with the built-ins)")
     _add_output(rt)
 
+
+def _check_parser(sub: Any) -> None:
     p = sub.add_parser(
         "check", help="judge this machine (or a snapshot) before training",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
@@ -106,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config-file", metavar="FILE", help="the accelerate config file to read")
     p.add_argument("--probe", action="store_true", help="append a live probe of each precision mode")
 
+
+def _collect_parser(sub: Any) -> None:
     p = sub.add_parser("collect", help="save this machine's environment as a snapshot",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Write the environment (hardware, driver, torch, libraries, accelerate\n"
@@ -115,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config-file", metavar="FILE", help="the accelerate config file to read")
     p.add_argument("--anonymize", action="store_true", help="also replace the user name and home in paths")
 
+
+def _run_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run", help="wrap a training command and diagnose it as it fails",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -132,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-probe", action="store_true", help="do not instrument the child, only read its output")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
+
+def _probe_parser(sub: Any) -> None:
     p = sub.add_parser(
         "probe", help="measure every precision mode on this machine",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -157,11 +160,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stress", action="store_true", help="scale activations towards the fp16 limit")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="kill a mode's child after this long (default 180)")
+
+
+_FACES: dict[str, Callable[[Any], None]] = {
+    "explain": _explain_parser,
+    "rules": _rules_parser,
+    "check": _check_parser,
+    "collect": _collect_parser,
+    "run": _run_parser,
+    "probe": _probe_parser,
+}
+
+
+_HELP = {
+    "explain": "explain a traceback or a training log",
+    "rules": "list, show and test the rule base",
+    "check": "judge this machine (or a snapshot) before training",
+    "collect": "save this machine's environment as a snapshot",
+    "run": "wrap a training command and diagnose it as it fails",
+    "probe": "measure every precision mode on this machine",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `only`, the other subcommands get just their name and help
+    (building every option of every face costs start-up time that `explain` should not pay)."""
+    parser = argparse.ArgumentParser(
+        prog="mpdoctor", description=MAIN_HELP, epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mpdoctor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, add in _FACES.items():
+        if only is None or only == name:
+            add(sub)
+        else:
+            sub.add_parser(name, help=_HELP[name])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in _FACES else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

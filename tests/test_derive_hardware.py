@@ -92,7 +92,7 @@ def test_no_kernel_image_deriver_reads_the_missing_arch():
 def test_gpu_modes_add_only_their_own_conditions():
     bf16 = run_deriver("gpu_bf16", {"gpu": "Tesla T4"}, [])
     assert bf16["no_bf16_gpu"] == "Tesla T4 (Turing, sm_75)"
-    assert bf16["cc_source"] == "looked up from the GPU name"
+    assert bf16["_cc_source"] == "looked up from the GPU name"
     assert "no_fp8_gpu" not in bf16
     fp8 = run_deriver("gpu_fp8", {"cc_major": "8", "cc_minor": "0"}, [])
     assert "no_fp8_gpu" in fp8 and "no_bf16_gpu" not in fp8
@@ -102,12 +102,12 @@ def test_gpu_modes_add_only_their_own_conditions():
 
 def test_fp16_advice_warns_about_slow_pascal_fp16():
     out = run_deriver("gpu_bf16", {"gpu": "NVIDIA GeForce GTX 1080 Ti"}, [])
-    assert "1/64" in out["fp16_advice"]
+    assert "1/64" in out["_fp16_advice"]
 
 
 def test_half_op_device_comes_from_the_kernel_name():
     cpu = run_deriver("half_op", {"op": "addmm_impl_cpu_", "dtype_raw": "Half"}, [])
-    assert (cpu["dtype"], cpu["device"], cpu["on_cpu"]) == ("float16", "cpu", "CPU")
+    assert (cpu["dtype"], cpu["device"], cpu["_on_cpu"]) == ("float16", "cpu", "CPU")
     layer_norm = run_deriver("half_op", {"op": "LayerNormKernelImpl", "dtype_raw": "Half"}, [])
     assert layer_norm["device"] == "cpu"
     cuda = run_deriver("half_op", {"op": "max_all_cuda", "dtype_raw": "BFloat16"}, [])
@@ -117,7 +117,7 @@ def test_half_op_device_comes_from_the_kernel_name():
 
 
 def test_device_flags():
-    assert device_flags("xla:tpu") == {"device": "xla", "on_xla": "XLA"}
+    assert device_flags("xla:tpu") == {"device": "xla", "_on_xla": "XLA"}
     assert device_flags("cuda:0")["indexed_device"] == "cuda:0"
     assert device_flags(None) == {}
 

@@ -283,16 +283,20 @@ class LogMatcher:
                                      tb.user_frame.no))
         if ranks:
             facts.setdefault("ranks", ", ".join(str(r) for r in ranks))
-        facts = {k: v for k, v in facts.items() if not k.startswith("_")}
         severity = facts.pop("severity", None) if facts.get("severity") in ("error", "warning", "info") else None
+        # `_name` facts are helpers (a sentence fragment, a flag): the templates see them,
+        # the finding's facts (the JSON a user reads) do not.
         title = render_all([rule.title], facts)
+        explanation = render_paragraph(rule.explanation, facts)
+        fixes = render_all(rule.fixes, facts)
+        facts = {k: v for k, v in facts.items() if not k.startswith("_")}
         return Finding(
             rule=rule.id,
             category=rule.category,
             severity=severity or rule.severity,
             title=title[0] if title else rule.title.split("{")[0].strip(),
-            explanation=render_paragraph(rule.explanation, facts),
-            fixes=render_all(rule.fixes, facts),
+            explanation=explanation,
+            fixes=fixes,
             evidence=evidence,
             facts=facts,
             references=list(rule.references),

@@ -108,17 +108,17 @@ def gpu_facts(facts: dict[str, Any], mode: str = "plain") -> dict[str, Any]:
     if arch:
         out["arch"] = arch
     if from_name:
-        out["cc_source"] = "looked up from the GPU name"
+        out["_cc_source"] = "looked up from the GPU name"
     label = f"{arch}, sm_{n}" if arch else f"sm_{n}"
     desc = f"{gpu} ({label})" if gpu else f"a {arch + ' ' if arch else ''}GPU of compute capability {cc}"
     out["gpu_desc"] = desc
     # Conditional descriptions: a template sentence naming one of these renders only
     # when the condition holds (sentences with unknown facts are left out).
     if mode == "bf16":
-        out["fp16_advice"] = _fp16_advice(n, arch)
+        out["_fp16_advice"] = _fp16_advice(n, arch)
         out["no_bf16_gpu" if n < 80 else "bf16_capable_gpu"] = desc
     elif mode == "fp8":
-        out["fp16_advice"] = _fp16_advice(n, arch)
+        out["_fp16_advice"] = _fp16_advice(n, arch)
         out["no_fp8_gpu" if n < 89 else "fp8_capable_gpu"] = desc
     elif mode == "flash":
         out["no_fa2_gpu" if n < 80 else "fa2_capable_gpu"] = desc
@@ -400,7 +400,7 @@ _DEVICE_LABEL = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xla": "XLA", "xpu"
 
 
 def device_flags(device: str | None) -> dict[str, Any]:
-    """'cpu' -> {'device': 'cpu', 'on_cpu': 'CPU'}: the `on_*` fact lets a template
+    """'cpu' -> {'device': 'cpu', '_on_cpu': 'CPU'}: the `_on_*` helper fact lets a template
     sentence render only for that device."""
     if not device:
         return {}
@@ -411,7 +411,7 @@ def device_flags(device: str | None) -> dict[str, Any]:
     if ":" in raw and d in ("cuda", "xpu"):
         out["indexed_device"] = raw  # 'cuda:0' where a bare device type was wanted
     if d in _DEVICE_LABEL:
-        out[f"on_{d}"] = _DEVICE_LABEL[d]
+        out[f"_on_{d}"] = _DEVICE_LABEL[d]
     return out
 
 

@@ -49,3 +49,47 @@ def test_derived_helper_facts_are_hidden_in_a_real_rule():
     report = explain_text(tb, load_rules())
     assert report.findings
     assert not [k for f in report.findings for k in f.facts if k.startswith("_")]
+
+
+def test_a_title_without_its_facts_drops_the_unfinished_clause(tmp_path):
+    rules = rules_in(tmp_path, ("oom-ish", dict(
+        title="The GPU ran out of memory (asked for {requested})",
+        patterns=[r"OOM-ISH FAILED(?: asking (?P<requested>\d+ GiB))?"])))
+    assert explain_text("OOM-ISH FAILED\n", rules).findings[0].title == "The GPU ran out of memory"
+    full = explain_text("OOM-ISH FAILED asking 2 GiB\n", rules).findings[0]
+    assert full.title == "The GPU ran out of memory (asked for 2 GiB)"
+
+
+@pytest.mark.parametrize("title, expected", [
+    ("bf16 needs Ampere: your {gpu} is {arch}", "bf16 needs Ampere"),
+    ("NaN loss — from step {step}", "NaN loss"),
+    ("Loss scale collapsed, last seen {scale}", "Loss scale collapsed"),
+    ("{gpu} cannot do bf16", "… cannot do bf16"),
+])
+def test_fallback_title_forms(title, expected):
+    from mpdoctor.engine.match import fallback_title
+
+    assert fallback_title(title) == expected
+
+
+def test_a_title_list_uses_the_first_whose_facts_are_known(tmp_path):
+    spec = dict(title=["Kernel {op} failed on {gpu}", "Kernel {op} failed", "A kernel failed"],
+                patterns=[r"TITLES FAILED(?: op=(?P<op>\w+))?(?: gpu=(?P<gpu>\w+))?"],
+                examples=[{"text": "TITLES FAILED op=mm"}])
+    rules = rules_in(tmp_path, ("titles", spec))
+    assert rules[0].title == "Kernel {op} failed on {gpu}"  # listings show the fullest
+    assert explain_text("TITLES FAILED op=mm gpu=T4\n", rules).findings[0].title == "Kernel mm failed on T4"
+    assert explain_text("TITLES FAILED op=mm\n", rules).findings[0].title == "Kernel mm failed"
+    assert explain_text("TITLES FAILED\n", rules).findings[0].title == "A kernel failed"
+    # the same from the rule cache, loaded afresh
+    rulecache.reset()
+    cached = load_dir(tmp_path / "rules")
+    assert cached[0].titles == spec["title"]
+    assert explain_text("TITLES FAILED op=mm\n", cached).findings[0].title == "Kernel mm failed"
+
+
+def test_a_title_list_with_a_non_string_is_refused(tmp_path):
+    from mpdoctor.engine.rules import RuleError
+
+    with pytest.raises(RuleError, match="title"):
+        rules_in(tmp_path, ("bad-title", dict(title=["ok", 3])))

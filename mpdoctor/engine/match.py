@@ -286,7 +286,7 @@ class LogMatcher:
         severity = facts.pop("severity", None) if facts.get("severity") in ("error", "warning", "info") else None
         # `_name` facts are helpers (a sentence fragment, a flag): the templates see them,
         # the finding's facts (the JSON a user reads) do not.
-        title = render_all([rule.title], facts)
+        title = render_all(rule.titles, facts)
         explanation = render_paragraph(rule.explanation, facts)
         fixes = render_all(rule.fixes, facts)
         facts = {k: v for k, v in facts.items() if not k.startswith("_")}
@@ -294,7 +294,7 @@ class LogMatcher:
             rule=rule.id,
             category=rule.category,
             severity=severity or rule.severity,
-            title=title[0] if title else rule.title.split("{")[0].strip(),
+            title=title[0] if title else fallback_title(rule.titles[-1]),
             explanation=explanation,
             fixes=fixes,
             evidence=evidence,
@@ -305,6 +305,30 @@ class LogMatcher:
             consequence=rule.consequence,
             priority=rule.priority,
         ), tb_index
+
+
+# Where a clause starts: an open bracket, a colon, a dash, a comma, a sentence end.
+_CLAUSE = re.compile(r"\s*(?:[(\[:;,\u2014\u2013]|\s-\s|\.\s)")
+_DANGLING = " \t([{:;,.-\u2014\u2013"
+
+
+def fallback_title(title: str) -> str:
+    """A title whose facts are missing, as far as it reads complete: cut at the last
+    clause boundary before the first placeholder ("The GPU ran out of memory (asked
+    for {requested})" -> "The GPU ran out of memory"), never a dangling "(asked for"."""
+    head = title.split("{")[0]
+    if head == title:
+        return title.strip()
+    cut = head
+    last = None
+    for m in _CLAUSE.finditer(head):
+        if m.start() > 0:
+            last = m
+    if last is not None:
+        cut = head[:last.start()]
+    cut = cut.rstrip(_DANGLING)
+    # nothing before the first fact: the title with its holes marked
+    return cut or re.sub(r"\{[^{}]*\}", "…", title).strip()
 
 
 class _WholeLog:

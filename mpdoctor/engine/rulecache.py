@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-_FORMAT = 7
+_FORMAT = 8
 # kept in a second file, read only when a finding or a rule page needs them
 _DOC_KEYS = ("doc", "example", "near_miss", "explanation", "fixes", "references", "summary", "versions")
 

@@ -130,7 +130,7 @@ class Example:
 
 
 _RULE_FIELDS = (
-    "id", "kind", "category", "severity", "title", "path", "summary", "priority", "consequence", "patterns",
+    "id", "kind", "category", "severity", "title", "titles", "path", "summary", "priority", "consequence", "patterns",
     "unless", "requires", "excludes", "context", "literals", "min_count", "supersedes", "derive", "derive_module",
     "check", "explanation", "fixes", "references", "versions", "doc", "examples", "near_misses",
 )
@@ -149,12 +149,15 @@ class Rule:
                  supersedes: list[str] | None = None, derive: str | None = None, derive_module: str | None = None,
                  check: str | None = None, explanation: list[str] | None = None, fixes: list[str] | None = None,
                  references: list[str] | None = None, versions: str = "", doc: dict[str, str] | None = None,
-                 examples: list[Example] | None = None, near_misses: list[Example] | None = None):
+                 examples: list[Example] | None = None, near_misses: list[Example] | None = None,
+                 titles: list[str] | None = None):
         self.id = id
         self.kind = kind
         self.category = category
         self.severity = severity
-        self.title = title
+        self.title = title  # the first (fullest) title: what listings and rule pages show
+        # `title` may be a list in TOML: the first whose facts are all known is used
+        self.titles = titles or [title]
         self.path = path  # type: ignore[assignment]
         self.summary = summary
         self.priority = priority
@@ -330,7 +333,7 @@ def _cached_examples(data: dict, key: str) -> list[Example]:
             for d in data.get(key, [])]
 
 
-_KW = ("id", "kind", "category", "severity", "title", "priority", "consequence", "literals",
+_KW = ("id", "kind", "category", "severity", "title", "titles", "priority", "consequence", "literals",
        "min_count", "supersedes", "derive", "derive_module", "check")
 _PATTERN_KEYS = ("patterns", "unless", "requires", "excludes", "context")
 
@@ -373,8 +376,10 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     if severity not in SEVERITIES:
         raise RuleError(path, rid, f"severity must be one of {', '.join(SEVERITIES)}")
     title = data.get("title")
-    if not isinstance(title, str) or not title.strip():
-        raise RuleError(path, rid, "needs a 'title'")
+    titles = title if isinstance(title, list) else [title]
+    if not titles or not all(isinstance(t, str) and t.strip() for t in titles):
+        raise RuleError(path, rid, "needs a 'title' (a string, or a list of strings: the first whose facts are known wins)")
+    titles = [t.strip() for t in titles]
     for key in ("priority", "min_count"):
         if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool)):
             raise RuleError(path, rid, f"'{key}' must be a whole number, not {data[key]!r}")
@@ -386,7 +391,7 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         if key in data and not isinstance(data[key], str):
             raise RuleError(path, rid, f"'{key}' must be a string")
     rule = Rule(
-        id=rid, kind=kind, category=category, severity=severity, title=title.strip(), path=path,
+        id=rid, kind=kind, category=category, severity=severity, title=titles[0], titles=titles, path=path,
         summary=str(data.get("summary", "")).strip(),
         priority=int(data.get("priority", 50)),
         consequence=bool(data.get("consequence", False)),

@@ -485,8 +485,9 @@ _FRAME_FORMS = (
 )
 _ARROW = _LazyRe(r"^\s*-{1,4}> ?(?P<line>\d{1,7})\b")  # IPython's "----> 12 train()"
 _EXCEPTION_LINE = _LazyRe(
-    r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}[A-Za-z_]\w{0,80}(?:Error|Exception|Interrupt|Exit|Warning|"
-    r"Failure|Fault|Timeout|Abort))(?::\s?(?P<message>.*))?$"
+    # a bare `Exception` (raise Exception("...")) too, but not a bare "Error:"/"Warning:"
+    r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}(?:[A-Za-z_]\w{0,80}(?:Error|Exception|Interrupt|Exit|Warning|"
+    r"Failure|Fault|Timeout|Abort)|Exception))(?::\s?(?P<message>.*))?$"
 )
 # After frames, any "dotted.CamelName: message" at the traceback's own indentation is the
 # exception line too (torch._dynamo.exc.BackendCompilerFailed, hydra's ConfigCompositionException).

@@ -93,3 +93,34 @@ def test_a_title_list_with_a_non_string_is_refused(tmp_path):
 
     with pytest.raises(RuleError, match="title"):
         rules_in(tmp_path, ("bad-title", dict(title=["ok", 3])))
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("Exception: something broke", ("Exception", "something broke")),
+    ("Exception", ("Exception", "")),
+    ("builtins.Exception: boom", ("builtins.Exception", "boom")),
+    ("ValueError: bad", ("ValueError", "bad")),
+])
+def test_plain_exception_is_an_exception_line(line, expected):
+    from mpdoctor.logtext import exception_line
+
+    assert exception_line(line) == expected
+
+
+@pytest.mark.parametrize("line", ["Error: file not found", "Warning: low disk", "Exceptional results: 3"])
+def test_bare_error_words_are_not_exception_lines(line):
+    from mpdoctor.logtext import exception_line
+
+    assert exception_line(line) is None
+
+
+def test_a_traceback_ending_in_plain_exception_is_reported():
+    from mpdoctor.engine.rules import load_rules
+
+    log = ("Traceback (most recent call last):\n"
+           "  File \"/home/u/proj/train.py\", line 9, in <module>\n"
+           "    raise Exception(\"the data loader gave up\")\n"
+           "Exception: the data loader gave up\n")
+    report = explain_text(log, load_rules())
+    assert [u.exception for u in report.unrecognised] == ["Exception: the data loader gave up"]
+    assert report.unrecognised[0].user_frame == "/home/u/proj/train.py:9"

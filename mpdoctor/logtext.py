@@ -498,7 +498,11 @@ _STDLIB_OR_SITE = _LazyRe(
     r"(site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]lib[/\\][\w.-]+\.py$|<frozen |"
     r"^<(?!ipython-input)[^>]*>$|[/\\](?:torch|accelerate|transformers|deepspeed|lightning|pytorch_lightning|"
     r"peft|trl|bitsandbytes|flash_attn|apex|vllm|diffusers|xformers|triton)[/\\]|"
-    r"[/\\]\.pyenv[/\\]|[/\\]conda[/\\].*[/\\]lib[/\\]|[/\\]bin[/\\][\w.-]+$|[/\\]Scripts[/\\])",
+    r"[/\\]\.pyenv[/\\]|[/\\]conda[/\\].*[/\\]lib[/\\]|[/\\]bin[/\\][\w.-]+$|"
+    # a Windows venv's launcher (Scripts\accelerate.exe), not a project's own scripts/ folder
+    r"[/\\]Scripts[/\\][^/\\]+\.exe\b|[/\\]\.?venv[/\\]Scripts[/\\]|"
+    # Cython sources (pandas/_libs/parsers.pyx, .pxi) are a library's compiled code
+    r"\.pyx$|\.pxi$)",
     re.IGNORECASE,
 )
 

@@ -124,3 +124,19 @@ def test_a_traceback_ending_in_plain_exception_is_reported():
     report = explain_text(log, load_rules())
     assert [u.exception for u in report.unrecognised] == ["Exception: the data loader gave up"]
     assert report.unrecognised[0].user_frame == "/home/u/proj/train.py:9"
+
+
+@pytest.mark.parametrize("path, user", [
+    ("/workspace/proj/scripts/train.py", True),
+    ("C:\\Users\\ana\\proj\\scripts\\train.py", True),
+    ("/home/u/proj/train.py", True),
+    ("C:\\Users\\ana\\venv\\Scripts\\accelerate.exe\\__main__.py", False),
+    ("C:\\Users\\ana\\proj\\.venv\\Scripts\\accelerate-script.py", False),
+    ("pandas/_libs/parsers.pyx", False),
+    ("pandas/_libs/hashtable_class_helper.pxi", False),
+    ("/usr/lib/python3.10/site-packages/torch/nn/modules/module.py", False),
+])
+def test_user_frame_detection(path, user):
+    from mpdoctor.logtext import Frame
+
+    assert Frame(path, 1, "f", 0).is_user_code is user

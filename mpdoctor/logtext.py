@@ -87,7 +87,7 @@ _OTHER_PREFIXES = (
     # vLLM: "ERROR 10-14 12:32:47 multiproc_worker_utils.py:233] ", "INFO 03-02 19:49:43 [x.py:242] "
     ("DIWECFTS", _LazyRe(r"" + _LEVEL + r" \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})? \[?[\w./-]{1,200}:\d{1,7}\](?: |$)")),
     # bare clock time "[12:00:01] " or "12:00:01 " (rich's log time column too)
-    ("[0123456789", _LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?\]?(?:\s|$)")),
+    ("[0123456789", _LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9}|-\d{6})?\]?(?:\s|$)")),
     # python logging "ERROR:root:" / "WARNING:torch.distributed.run:"
     ("DIWECFTS", _LazyRe(r"" + _LEVEL + r":[\w.<>-]{1,120}:")),
     # loguru "2024-.. | ERROR    | mod:fn:12 - " once the time is gone: "| ERROR    | mod:fn:12 - "
@@ -108,6 +108,9 @@ _OTHER_PREFIXES = (
     # pdsh / clush / deepspeed multi-node host prefixes "gpu017: ", "worker-1: "
     ("abcdefghijklmnopqrstuvwxyz", _LazyRe(r"[a-z][\w-]{0,40}\d{1,5}: ")),
 )
+# A rich logging handler's time and level columns ("17:05:31-835745 ERROR    "): it wraps
+# a long message onto lines indented to the message column, which are joined back.
+_RICH_HANDLER = _LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9}|-\d{6})?\]? " + _LEVEL + r" {1,8}(?=\S)")
 # Prefixes that carry a process identity: interleaved lines are split by it.
 _STREAM = _LazyRe(r"pid[= ](\d{1,10})|^([a-z][\w-]{0,40}\d{1,5}): |^([\w.-]{1,64})\s{1,32}\| ")
 
@@ -331,12 +334,15 @@ class _Stream:
     """Per-stream state. After a box closes, rich prints the exception message wrapped at
     the console width; those lines are held in `message` until it ends, to be rejoined."""
 
-    __slots__ = ("box", "message", "message_width")
+    __slots__ = ("box", "message", "message_width", "handler_line", "handler_col")
 
     def __init__(self) -> None:
         self.box: _Box | None = None
         self.message: list[LogLine] = []
         self.message_width = 0
+        # the last line a rich logging handler printed, and its message column
+        self.handler_line: LogLine | None = None
+        self.handler_col = 0
 
 
 _GUTTER = _LazyRe(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13 │ code", "   7 x = 1"
@@ -363,6 +369,15 @@ def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
         st = streams.setdefault((rank, stream), _Stream())
         head = body[:_HEAD]
         stripped = head.strip()
+        if st.handler_line is not None:
+            col = st.handler_col
+            if (st.box is None and not st.message and stripped and len(body) > col
+                    and not body[:col].strip() and body[col] != " " and not _starts_structure(stripped)):
+                # the handler wrapped its message at the terminal width: one line again
+                st.handler_line.text = st.handler_line.text.rstrip() + " " + stripped
+                st.handler_line.raw = st.handler_line.raw.rstrip() + " " + stripped  # evidence reads whole
+                return
+            st.handler_line = None
         if stripped[:1] in "╭┏╔╰┗╚│┃║+|" and stripped:
             if _box_line(st, body, no, rank, cleaned, stream, out, flush_box, flush_message):
                 return
@@ -377,6 +392,10 @@ def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
                 return
         for part in split_logical(body):
             out.append(LogLine(no, part, rank, cleaned, stream))
+        if cleaned[:1] in "[0123456789" and out and out[-1].no == no:
+            m = _RICH_HANDLER.match(cleaned[:_HEAD])
+            if m:
+                st.handler_line, st.handler_col = out[-1], m.end()
 
     no = first_line_no - 1
     for physical_line in text.split("\n"):

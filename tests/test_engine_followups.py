@@ -140,3 +140,35 @@ def test_user_frame_detection(path, user):
     from mpdoctor.logtext import Frame
 
     assert Frame(path, 1, "f", 0).is_user_code is user
+
+
+RICH_HANDLER_LOG = (
+    "17:05:31-835745 ERROR    Exception: \"LayerNormKernelImpl\" not implemented for   \n"
+    "                         'Half'                                                 \n"
+    "17:05:31-838229 ERROR    Arguments: args=('task', 'photo of a  \n"
+    "                         tree', 20) kwargs={}\n"
+    "                      not a continuation (wrong column)\n"
+    "17:05:31-840247 INFO     done\n"
+    "                         next\n"
+)
+
+
+def test_rich_handler_prefix_is_stripped_and_its_wrapped_message_joined():
+    from mpdoctor.logtext import normalise
+
+    texts = [ln.text for ln in normalise(RICH_HANDLER_LOG) if ln.text]
+    assert texts == [
+        "Exception: \"LayerNormKernelImpl\" not implemented for 'Half'",
+        "Arguments: args=('task', 'photo of a tree', 20) kwargs={}",
+        "                      not a continuation (wrong column)",
+        "done next",
+    ]
+
+
+def test_rich_handler_wrapped_half_op_is_explained_from_the_joined_line():
+    from mpdoctor.engine.rules import load_rules
+
+    report = explain_text(RICH_HANDLER_LOG, load_rules())
+    top = report.findings[0]
+    assert top.category == "half-op-not-implemented"
+    assert "'Half'" in top.evidence[0].text

@@ -172,3 +172,12 @@ def test_rich_handler_wrapped_half_op_is_explained_from_the_joined_line():
     top = report.findings[0]
     assert top.category == "half-op-not-implemented"
     assert "'Half'" in top.evidence[0].text
+
+
+def test_facts_problems_is_public_and_the_old_name_still_works():
+    from mpdoctor.engine import selftest
+
+    assert selftest._facts_problems is selftest.facts_problems
+    assert selftest.facts_problems({"cc": "7.5"}, {"cc": "7.5", "gpu": "T4"}) == []
+    assert selftest.facts_problems({"cc": "8.0", "sm": "sm_80"}, {"cc": "7.5"}) == [
+        "fact 'cc' is '7.5', expected '8.0'", "fact 'sm' missing (expected 'sm_80')"]

@@ -42,7 +42,9 @@ def example_text(rule: Rule, ex: Example) -> str:
     return example_path(rule, ex.file).read_bytes().decode("utf-8", errors="replace")
 
 
-def _facts_problems(expected: dict, actual: dict) -> list[str]:
+def facts_problems(expected: dict, actual: dict) -> list[str]:
+    """What differs between the facts an example lists and a finding's facts (a listed
+    fact must be there, with the same text); empty when they agree."""
     problems = []
     for k, v in expected.items():
         if k not in actual:
@@ -50,6 +52,9 @@ def _facts_problems(expected: dict, actual: dict) -> list[str]:
         elif str(actual[k]) != str(v):
             problems.append(f"fact {k!r} is {actual[k]!r}, expected {v!r}")
     return problems
+
+
+_facts_problems = facts_problems  # the old private name, for callers not yet moved
 
 
 def _log_case(rule: Rule, ex: Example, positive: bool, rules: list[Rule]) -> tuple[bool, str]:
@@ -67,7 +72,7 @@ def _log_case(rule: Rule, ex: Example, positive: bool, rules: list[Rule]) -> tup
         if ids[0] != rule.id:
             where = f"found at position {ids.index(rule.id) + 1}" if rule.id in ids else "did not fire"
             return False, f"top finding is {ids[0]!r}; this rule {where}"
-        problems = _facts_problems(ex.facts, report.findings[0].facts)
+        problems = facts_problems(ex.facts, report.findings[0].facts)
         if problems:
             return False, "; ".join(problems)
         return True, ""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.rules import Rule, RuleError, load_rules
-from ..engine.selftest import ENV_CASE_RUNNER, Example, _facts_problems, example_path
+from ..engine.selftest import ENV_CASE_RUNNER, Example, example_path, facts_problems
 from ..engine.template import render, render_all, render_paragraph
 from ..findings import Evidence, Finding, Report, rank_findings
 from . import compat
@@ -348,7 +348,7 @@ def _env_case(rule: Rule, ex: Example, positive: bool, rules: list[Rule]) -> tup
         if not fired:
             skipped = next((s["reason"] for s in report.extra["skipped"] if s["rule"] == rule.id), None)
             return False, f"did not fire on {ex.snapshot}" + (f" (skipped: {skipped})" if skipped else "")
-        problems = _facts_problems(ex.facts, fired[0].facts)
+        problems = facts_problems(ex.facts, fired[0].facts)
         return (not problems), "; ".join(problems)
     if fired:
         return False, f"fired on the near miss {ex.snapshot}: {fired[0].title}"

@@ -117,8 +117,9 @@ def test_crashing_modes_are_explained_while_the_others_report():
             break
         tty_out += chunk
     stdout = proc.stdout.read().decode()
-    assert proc.wait(timeout=240) == 0
+    rc = proc.wait(timeout=240)
     os.close(master)
+    assert rc == 0, stdout[-4000:]
     assert b"mode no" in tty_out and b"mode bf16" in tty_out  # rich progress, on the terminal only
     assert b"mode no" not in stdout.encode()
     assert "| no | ✓ |" in stdout
@@ -126,7 +127,7 @@ def test_crashing_modes_are_explained_while_the_others_report():
     assert "fp16: killed by SIGABRT during import" in stdout
     assert "DefaultCPUAllocator: can't allocate memory" in stdout
     assert "`host-out-of-memory`" in stdout  # the rule base's explanation of bf16's error
-    assert "Recommendation: no:" in stdout
+    assert "Recommendation: no" in stdout  # "no:" or, on a busy CPU, "no, for now:"
 
 
 def test_a_hanging_mode_is_killed_at_its_deadline(tmp_path):

@@ -5,6 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from mpdoctor.engine import rulecache
+from mpdoctor.engine.rules import load_dir
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Each test gets its own rule cache and no user rules folder (import it to use it)."""
+    monkeypatch.setenv("MPDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MPDOCTOR_NO_CACHE", raising=False)
+    monkeypatch.delenv("MPDOCTOR_RULES_PATH", raising=False)
+    rulecache.reset()
+    yield
+    rulecache.reset()
+
+
+def rules_in(tmp_path: Path, *specs: tuple[str, dict]) -> list:
+    """A tmp rules folder holding one file per (id, fields), loaded the normal way."""
+    folder = tmp_path / "rules"
+    for rid, fields in specs:
+        write_rule(folder, rid, **fields)
+    return load_dir(folder)
+
 
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):

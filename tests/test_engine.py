@@ -14,29 +14,13 @@ from pathlib import Path
 import pytest
 
 from mpdoctor import scan
-from mpdoctor.engine import rulecache
 from mpdoctor.engine.rules import load_dir, load_rules
 from mpdoctor.engine.selftest import run_selftest
 from mpdoctor.explain import explain_path, explain_text
-from tests.rulekit import write_rule
+from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMS = ROOT / "fixtures" / "logs" / "forms"
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MPDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    rulecache.reset()
-    yield
-    rulecache.reset()
-
-
-def rules_in(tmp_path, *specs):
-    folder = tmp_path / "rules"
-    for rid, fields in specs:
-        write_rule(folder, rid, **fields)
-    return load_dir(folder)
 
 
 def ids(report):

@@ -8,22 +8,7 @@ import pytest
 from mpdoctor.engine import rulecache
 from mpdoctor.engine.rules import load_dir
 from mpdoctor.explain import explain_text
-from tests.rulekit import write_rule
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MPDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    rulecache.reset()
-    yield
-    rulecache.reset()
-
-
-def rules_in(tmp_path, *specs):
-    folder = tmp_path / "rules"
-    for rid, fields in specs:
-        write_rule(folder, rid, **fields)
-    return load_dir(folder)
+from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
 
 def test_helper_facts_render_but_stay_out_of_the_json(tmp_path):

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from mpdoctor import __version__, cli
-from mpdoctor.engine import rulecache
-from tests.rulekit import rule_toml, write_rule
+from tests.rulekit import private_cache, rule_toml, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMS = ROOT / "fixtures" / "logs" / "forms"
@@ -31,15 +30,6 @@ KeyError: 'label'
 """
 HEALTHY = "epoch 1 step 10 loss 2.31\nepoch 1 step 20 loss 2.05\nsaving checkpoint to out/ckpt-20\n"
 SGR_COLOUR = re.compile(r"\x1b\[[0-9;]*(?:3[0-7]|9[0-7]|38;[0-9;]+)m")
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MPDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("MPDOCTOR_RULES_PATH", raising=False)
-    rulecache.reset()
-    yield
-    rulecache.reset()
 
 
 def run_cli(args, capsys):

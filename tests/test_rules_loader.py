@@ -10,17 +10,7 @@ import pytest
 from mpdoctor.engine import rulecache
 from mpdoctor.engine.rules import LazyPattern, RuleError, load_dir, load_rules
 from mpdoctor.explain import explain_text
-from tests.rulekit import rule_toml, write_rule
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MPDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("MPDOCTOR_NO_CACHE", raising=False)
-    monkeypatch.delenv("MPDOCTOR_RULES_PATH", raising=False)
-    rulecache.reset()
-    yield
-    rulecache.reset()
+from tests.rulekit import private_cache, rule_toml, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
 
 BAD = [

@@ -15,6 +15,8 @@ import sys
 from collections import deque
 from typing import BinaryIO, Callable, Iterable
 
+from .engine.fixedruns import runs_in_order
+
 Progress = Callable[[int, "int | None"], None]  # (bytes read so far, total size or None)
 
 WHOLE_LIMIT = 16 * 1024 * 1024  # read whole up to this size
@@ -203,7 +205,7 @@ class _PyLiteralFinder:
                 start = buf.rfind(b"\n", 0, i) + 1
                 end = buf.find(b"\n", i)
                 end = len(buf) if end < 0 else end
-                if any(_runs_in(low if c else buf, start, end, runs) for runs, c in checks):
+                if any(runs_in_order(low if c else buf, runs, start, end) for runs, c in checks):
                     out.append(i)
                 i = find(lit, end)  # one verdict per line
         for lit in self.first:
@@ -212,21 +214,6 @@ class _PyLiteralFinder:
                 out.append(i)
         out.sort()
         return out
-
-
-def _runs_in(buf: bytes, start: int, end: int, runs: tuple[tuple[bytes, ...], ...]) -> bool:
-    """Whether buf[start:end] holds the ordered runs (each step: one of its alternatives)."""
-    pos = start
-    for step in runs:
-        best = -1
-        for alt in step:
-            i = buf.find(alt, pos, end)
-            if i >= 0 and (best < 0 or i + len(alt) < best):
-                best = i + len(alt)
-        if best < 0:
-            return False
-        pos = best
-    return True
 
 
 class _HyperscanFinder:

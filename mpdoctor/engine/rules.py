@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 from ..findings import CATEGORIES, SEVERITIES
+from .fixedruns import runs_in_order
 
 RULE_KINDS = ("log", "env")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
@@ -62,24 +63,7 @@ class LazyPattern:
         if not self.runs:
             return True
         t = (low if low is not None else text.lower()) if self.caseless else text
-        pos = 0
-        for step in self.runs:
-            if len(step) == 1:
-                run = step[0]
-                pos = t.find(run, pos)
-                if pos < 0:
-                    return False
-                pos += len(run)
-                continue
-            best = -1
-            for alt in step:  # the earliest end among the alternatives keeps this exact
-                i = t.find(alt, pos)
-                if i >= 0 and (best < 0 or i + len(alt) < best):
-                    best = i + len(alt)
-            if best < 0:
-                return False
-            pos = best
-        return True
+        return runs_in_order(t, self.runs)
 
     @property
     def compiled(self) -> re.Pattern[str]:

@@ -771,30 +771,29 @@ def _alloc_problems(value: str, torch_version: str | None) -> tuple[list[str], l
     return malformed, unknown
 
 
-@predicate
-def alloc_conf_malformed(v: EnvView) -> Result:
+def _alloc_conf_hits(v: EnvView, which: int, key: str) -> Result:
+    """One hit per allocator variable whose value has problems of kind `which`
+    (0: malformed, 1: unknown keys, as _alloc_problems returns them)."""
     hits = []
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         value = v.env.get(name)
         if value:
-            malformed, _ = _alloc_problems(value, v.torch_version)
-            if malformed:
-                hits.append(Hit({"variable": name, "value": value, "problems": "; ".join(malformed)},
+            problems = _alloc_problems(value, v.torch_version)[which]
+            if problems:
+                joiner = "; " if which == 0 else ", "
+                hits.append(Hit({"variable": name, "value": value, key: joiner.join(problems)},
                                 [(f"env.{name}", value)]))
     return hits
+
+
+@predicate
+def alloc_conf_malformed(v: EnvView) -> Result:
+    return _alloc_conf_hits(v, 0, "problems")
 
 
 @predicate
 def alloc_conf_unknown_key(v: EnvView) -> Result:
-    hits = []
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        value = v.env.get(name)
-        if value:
-            _, unknown = _alloc_problems(value, v.torch_version)
-            if unknown:
-                hits.append(Hit({"variable": name, "value": value, "keys": ", ".join(unknown)},
-                                [(f"env.{name}", value)]))
-    return hits
+    return _alloc_conf_hits(v, 1, "keys")
 
 
 @predicate

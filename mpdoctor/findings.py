@@ -159,6 +159,14 @@ class Report:
     # Extra top-level keys a face adds to its JSON (check's checklist, run's exit code).
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def has_error(self) -> bool:
+        return has_error(self.findings)
+
+    def worth_showing(self, exit_code: int = 0) -> bool:
+        """Whether a face that stays quiet when all is well (run) has something to say."""
+        return exit_code != 0 or any(f.severity != "info" for f in self.findings)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.extra)
         out["findings"] = [f.to_dict() for f in self.findings]

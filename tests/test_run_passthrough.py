@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpdoctor.wrap import OutputTail
+from mpdoctor.run.wrapper import OutputTail
 
 PY = sys.executable
 MPDOCTOR = [PY, "-m", "mpdoctor", "run"]

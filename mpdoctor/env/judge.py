@@ -16,7 +16,7 @@ from ..engine.rules import Rule, RuleError, load_rules
 from ..engine.selftest import ENV_CASE_RUNNER, Example, example_path, facts_problems
 from ..engine.template import render, render_all, render_paragraph
 from ..findings import Evidence, Finding, Report, rank_findings
-from . import compat
+from ..knowledge import compat
 from .plan import MODES, build_plan, fp8_matrix, what_runs
 from .predicates import PREDICATES, Hit, Skip, gib
 from .view import EnvView
@@ -174,7 +174,7 @@ def _environment_lines(view: EnvView) -> list[str]:
         drv = nv.get("driver_version")
         cuda = compat.driver_max_cuda(drv or "0", view.windows) if drv else None
         reported = nv.get("cuda_driver_version")
-        from .versions import cuda_int_to_str
+        from ..knowledge.versions import cuda_int_to_str
 
         cuda_txt = cuda_int_to_str(reported) or cuda
         lines.append(f"NVIDIA driver {drv}" + (f" (supports CUDA ≤ {cuda_txt})" if cuda_txt else ""))

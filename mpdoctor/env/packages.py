@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from .versions import normalise_name, parse_requirement
+from ..knowledge.versions import normalise_name, parse_requirement
 
 TRACKED = (
     "torch", "torchvision", "torchaudio", "triton", "numpy",

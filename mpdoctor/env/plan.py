@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import compat
-from .versions import satisfies
+from ..knowledge import compat
+from ..knowledge.versions import satisfies
 
 MODES = ("no", "fp16", "bf16", "fp8")
 _DS_TRUE = ("true", "1", "yes")

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
-from . import compat
+from ..knowledge import compat
 from .plan import MODES, fp8_matrix, uses_deepspeed
-from .versions import compare, parse_requirement, release, satisfies
+from ..knowledge.versions import compare, parse_requirement, release, satisfies
 from .view import EnvView, Gpu, parse_visible_devices
 
 GiB = 1024 ** 3

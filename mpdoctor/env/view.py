@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import compat
-from .compat import Capability, parse_cc
-from .versions import release
+from ..knowledge import compat
+from ..knowledge.compat import Capability, parse_cc
+from ..knowledge.versions import release
 
 
 @dataclass

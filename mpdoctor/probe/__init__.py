@@ -9,16 +9,13 @@ Importing this package does not import torch.
 from __future__ import annotations
 
 import sys
-from argparse import Namespace
 from typing import Any
 
 from .analysis import build_rows, recommend
 from .report import ProbeReport, print_terminal, to_markdown, to_text_lines
 from .runner import MODES, ProbeOptions, Progress, run_modes
 
-__all__ = ["MODES", "ProbeOptions", "ProbeReport", "run_probe", "run_probe_for_check", "probe_main"]
-
-EXIT_OK, EXIT_NO_MODE_WORKS, EXIT_BAD_INPUT = 0, 1, 2
+__all__ = ["MODES", "ProbeOptions", "ProbeReport", "run_probe", "run_probe_for_check", "run_probe_with_progress"]
 
 
 def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeReport:
@@ -122,37 +119,3 @@ class _ProgressBar:
 
     def close(self) -> None:
         self.progress.stop()
-
-
-def options_from_args(args: Namespace) -> ProbeOptions:
-    modes = [m.strip() for m in str(args.modes).split(",") if m.strip()]
-    opts = ProbeOptions(modes=modes, model=args.model, batch_size=args.batch_size, device=args.device,
-                        stress=bool(args.stress), rules=list(getattr(args, "rules", []) or []))
-    if args.steps is not None:
-        opts.steps = args.steps
-    if getattr(args, "timeout", None) is not None:
-        opts.timeout_s = float(args.timeout)
-    opts.validate()
-    return opts
-
-
-def probe_main(args: Namespace) -> int:
-    from ..engine.rules import RuleError, load_rules
-
-    try:
-        opts = options_from_args(args)
-        load_rules(opts.rules)  # a bad rules folder is the user's error, said before any run
-    except (ValueError, RuleError) as exc:
-        sys.stderr.write(f"mpdoctor: {exc}\n")
-        return EXIT_BAD_INPUT
-    report = run_probe_with_progress(opts)
-    if args.format == "json":
-        sys.stdout.write(report.to_json())
-    elif args.format == "markdown":
-        sys.stdout.write(to_markdown(report))
-    else:
-        from ..render import make_console
-
-        print_terminal(report, make_console())
-    sys.stdout.flush()
-    return EXIT_OK if report.any_mode_works else EXIT_NO_MODE_WORKS

@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from . import deriver
-from .units import gib, parse_size
+from ...knowledge.units import gib, parse_size
 
 # --- numbers as messages print them ----------------------------------------------
 

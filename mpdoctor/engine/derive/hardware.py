@@ -3,8 +3,8 @@ it can run, a driver's CUDA number decoded, the builds that have kernels for a G
 initialisation error codes, and the kernel's device from its name.
 
 The compatibility data (GPU names, drivers per toolkit, torch builds and their
-architectures) is the one set of tables in mpdoctor/env/tables, read through
-mpdoctor.env.compat (pure: no torch, no pynvml). This module only adds what those tables
+architectures) is the one set of tables in mpdoctor/knowledge/tables, read through
+mpdoctor.knowledge.compat (pure: no torch, no pynvml). This module only adds what those tables
 do not hold: the first toolkit that knows an architecture, and CUDA's init error codes.
 Derivers are pure and never raise.
 """
@@ -20,7 +20,7 @@ from .tensors import dtype_name
 
 def _compat():
     # Imported on first use: explain only pays for the tables when a rule needs them.
-    from ...env import compat
+    from ...knowledge import compat
 
     return compat
 
@@ -237,7 +237,7 @@ def no_kernel_image(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[s
 
 
 # The toolkit that first knows a `compute_XY` target (compat-facts §4.1); the one that
-# removed it is in env/tables/torch_builds.toml.
+# removed it is in knowledge/tables/torch_builds.toml.
 _ARCH_FIRST_CUDA = {
     75: "10.0", 80: "11.0", 86: "11.1", 87: "11.4", 89: "11.8", 90: "11.8",
     100: "12.8", 101: "12.8", 120: "12.8", 103: "12.9", 121: "12.9", 110: "13.0",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import deriver
-from .units import GIB, gib, parse_size
+from ...knowledge.units import GIB, gib, parse_size
 
 
 @deriver("oom")

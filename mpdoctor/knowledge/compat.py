@@ -1,4 +1,4 @@
-"""The compatibility tables (mpdoctor/env/tables/*.toml) and the questions the rules
+"""The compatibility tables (mpdoctor/knowledge/tables/*.toml) and the questions the rules
 ask of them. Data lives in the TOML files with its sources; this module only reads."""
 
 from __future__ import annotations

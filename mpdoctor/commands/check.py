@@ -1,6 +1,4 @@
-"""`mpdoctor check` and `mpdoctor collect`: a few lines each over mpdoctor.env.
-
-check: collect this machine (torch examined in a child process) or read --snapshot,
+"""`mpdoctor check`: collect this machine (torch examined in a child process) or read --snapshot,
 judge it with the environment rules, print the checklist. Exit status as for explain:
 0 no error finding, 1 at least one, 2 bad input (unreadable snapshot, missing
 --config-file, a broken rule).
@@ -19,11 +17,30 @@ import sys
 from argparse import Namespace
 from typing import Any
 
-from .commands import EXIT_ERROR_FINDING, EXIT_OK, fail, load_or_fail
-from .findings import has_error, rank_findings
+from ..findings import rank_findings
+from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, fail, load_rules_or_fail
+
+DESCRIPTION = (
+    "Check the hardware, driver, CUDA build, libraries and accelerate config against\n"
+    "the precision you want to train in.\n\n"
+    "  mpdoctor check\n  mpdoctor check --mixed-precision bf16\n"
+    "  mpdoctor check --snapshot env.json   # a snapshot from another machine"
+)
+EPILOG = EXIT_CODES
 
 
-def _config_file_problem(path: str | None) -> str | None:
+def add_arguments(p: Any) -> None:
+    from ..cli import add_output_options
+
+    add_output_options(p)
+    p.add_argument("--snapshot", metavar="FILE", help="judge this snapshot instead of this machine")
+    p.add_argument("--mixed-precision", choices=("no", "fp16", "bf16", "fp8"),
+                   help="the precision to judge (default: the accelerate config, else all modes)")
+    p.add_argument("--config-file", metavar="FILE", help="the accelerate config file to read")
+    p.add_argument("--probe", action="store_true", help="append a live probe of each precision mode")
+
+
+def config_file_problem(path: str | None) -> str | None:
     if path and not os.path.isfile(os.path.expanduser(path)):
         return f"--config-file {path}: no such file"
     return None
@@ -31,7 +48,7 @@ def _config_file_problem(path: str | None) -> str | None:
 
 def _attach_probe(report: Any, snapshot: dict[str, Any]) -> None:
     try:
-        from .probe import run_probe_for_check
+        from ..probe import run_probe_for_check
     except ImportError as exc:
         report.extra["probe"] = {"error": f"the probe is not available in this build ({exc})"}
         return
@@ -41,17 +58,17 @@ def _attach_probe(report: Any, snapshot: dict[str, Any]) -> None:
     report.extra["probe"] = {k: v for k, v in result.items() if k != "findings"}
 
 
-def check_main(args: Namespace) -> int:
-    from .env import SnapshotError, load_snapshot, start_collection
+def main(args: Namespace) -> int:
+    from ..env import SnapshotError, load_snapshot, start_collection
 
-    problem = _config_file_problem(args.config_file)
+    problem = config_file_problem(args.config_file)
     if problem:
         return fail(problem)
     # torch imports in the child while this process loads the rules
     pending = None if args.snapshot else start_collection(config_file=args.config_file)
-    from .env.judge import EnvRuleError, judge
+    from ..env.judge import EnvRuleError, judge
 
-    rules = load_or_fail(args.rules)
+    rules = load_rules_or_fail(args.rules)
     if isinstance(rules, int):
         return rules
     if args.snapshot:
@@ -60,8 +77,8 @@ def check_main(args: Namespace) -> int:
         except SnapshotError as exc:
             return fail(str(exc))
         if args.config_file:  # judge the recorded machine with this config
-            from .env.accel_config import collect_accelerate_config
-            from .env.redact import redact_snapshot
+            from ..env.accel_config import collect_accelerate_config
+            from ..env.redact import redact_snapshot
 
             snapshot["accelerate_config"] = redact_snapshot(
                 {"accelerate_config": collect_accelerate_config(args.config_file, env=snapshot["env"])}
@@ -77,7 +94,7 @@ def check_main(args: Namespace) -> int:
     if getattr(args, "probe", False):
         _attach_probe(report, snapshot)
     heading = "mpdoctor check" + (f" --snapshot {args.snapshot}" if args.snapshot else " (this machine)")
-    from .render import make_console, print_checklist, to_checklist_markdown, to_json
+    from ..render import make_console, print_checklist, to_checklist_markdown, to_json
 
     if args.format == "json":
         sys.stdout.write(to_json(report))
@@ -86,24 +103,4 @@ def check_main(args: Namespace) -> int:
     else:
         print_checklist(report, make_console(), heading)
     sys.stdout.flush()
-    return EXIT_ERROR_FINDING if has_error(report.findings) else EXIT_OK
-
-
-def collect_main(args: Namespace) -> int:
-    from .env import collect
-
-    problem = _config_file_problem(args.config_file)
-    if problem:
-        return fail(problem)
-    snapshot = collect(config_file=args.config_file, anonymize=args.anonymize)
-    text = json.dumps(snapshot, indent=2, ensure_ascii=False) + "\n"
-    if args.output:
-        try:
-            with open(args.output, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        except OSError as exc:
-            return fail(f"cannot write {args.output}: {exc.strerror}")
-        sys.stderr.write(f"mpdoctor: snapshot written to {args.output}\n")
-    else:
-        sys.stdout.write(text)
-    return EXIT_OK
+    return EXIT_ERROR_FINDING if report.has_error else EXIT_OK

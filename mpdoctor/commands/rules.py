@@ -1,128 +1,46 @@
-"""The `explain` and `rules` faces: a few lines each over the core."""
+"""`mpdoctor rules`: list, show and test the rule base."""
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from argparse import Namespace
+from typing import Any
 
-from .engine.rules import Rule, RuleError, load_dir, load_rules
-from .findings import has_error
+from ..engine.rules import Rule, RuleError, load_dir
+from . import EXIT_ERROR_FINDING, EXIT_OK, fail, load_rules_or_fail
 
-EXIT_OK, EXIT_ERROR_FINDING, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def fail(message: str) -> int:
-    sys.stderr.write(f"mpdoctor: {message}\n")
-    return EXIT_BAD_INPUT
-
-
-def load_or_fail(extra: list[str]) -> list[Rule] | int:
-    try:
-        return load_rules(extra)
-    except RuleError as exc:
-        return fail(f"bad rule: {exc}")
+DESCRIPTION = ("The knowledge mpdoctor uses, as data under rules/: log rules (read log text), env\n"
+               "rules (judge an environment snapshot), run rules (judge a wrapped run's recorded\n"
+               "events) and probe rules (judge the probe's measurements).\n\n"
+               "  mpdoctor rules list\n  mpdoctor rules list --kind run\n  mpdoctor rules show cuda-oom\n"
+               "  mpdoctor rules test            # every rule's examples and near misses\n"
+               "  mpdoctor rules test ./my-rules # your own rules folder")
+EPILOG = ("exit status:\n  0  done (rules test: every case passed)\n"
+          "  1  rules test: a case failed\n  2  a rule file is malformed, or the arguments are wrong\n")
 
 
-class ProgressLine:
-    """'reading train.log: 312 MB of 500 MB (62%)' on stderr, only when stderr is a
-    terminal and only once reading has taken a moment (MPDOCTOR_PROGRESS_AFTER seconds,
-    1.5 by default), so that short runs and pipes never see it."""
+def add_arguments(p: Any) -> None:
+    from ..cli import add_output_options
 
-    def __init__(self, name: str, stream=None):
-        self.name = name
-        self.stream = stream or sys.stderr
-        self.started = time.monotonic()
-        try:
-            self.after = float(os.environ.get("MPDOCTOR_PROGRESS_AFTER", "1.5"))
-        except ValueError:
-            self.after = 1.5
-        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.shown = False
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int | None) -> None:
-        now = time.monotonic()
-        if not self.enabled or now - self.started < self.after or now - self.last < 0.2:
-            return
-        self.last = now
-        mb = done / 1e6
-        if total:
-            text = f"reading {self.name}: {mb:,.0f} MB of {total / 1e6:,.0f} MB ({100 * done / total:.0f}%)"
-        else:
-            text = f"reading {self.name}: {mb:,.0f} MB"
-        self.stream.write(f"\rmpdoctor: {text}\x1b[K")
-        self.stream.flush()
-        self.shown = True
-
-    def done(self) -> None:
-        if self.shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
+    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
+    rl = rsub.add_parser("list", help="one line per rule")
+    add_output_options(rl)
+    rl.add_argument("--category", help="only this category")
+    rl.add_argument("--kind", choices=("log", "env", "run", "probe"), help="only rules of this kind")
+    rs = rsub.add_parser("show", help="a rule's documentation")
+    rs.add_argument("rule_id", metavar="ID")
+    add_output_options(rs)
+    rt = rsub.add_parser("test", help="run every rule's examples and near misses")
+    rt.add_argument("dir", nargs="?", metavar="DIR", help="test only the rules in DIR (loaded with the built-ins)")
+    add_output_options(rt)
+    p.set_defaults(_rules_parser=p)
 
 
-def _internal_error(exc: BaseException) -> int:
-    """Last resort: one clear line instead of mpdoctor's own traceback."""
-    if os.environ.get("MPDOCTOR_DEBUG") == "1":
-        raise exc
-    return fail(f"internal error ({type(exc).__name__}: {exc}); rerun with MPDOCTOR_DEBUG=1 "
-                "to see where, and please report it")
-
-
-def explain_main(args: Namespace) -> int:
-    try:
-        return _explain(args)
-    except (KeyboardInterrupt, BrokenPipeError):
-        raise
-    except RecursionError as exc:
-        return _internal_error(exc)
-    except MemoryError:
-        return fail("not enough memory to read this log")
-    except Exception as exc:  # never a traceback of mpdoctor itself
-        return _internal_error(exc)
-
-
-def _explain(args: Namespace) -> int:
-    from .explain import explain_path
-    from .render import emit
-    from .scan import InputError
-
-    rules = load_or_fail(args.rules)
-    if isinstance(rules, int):
-        return rules
-    progress = ProgressLine("standard input" if args.path == "-" else os.path.basename(args.path))
-    try:
-        report = explain_path(args.path, rules, progress)
-    except InputError as exc:
-        progress.done()
-        return fail(str(exc))
-    progress.done()
-    if args.snapshot or args.here:
-        try:
-            from .env.sharpen import sharpen_report
-        except ImportError:
-            sys.stderr.write("mpdoctor: --snapshot/--here are not available in this build\n")
-        else:
-            try:
-                sharpen_report(report, snapshot_path=args.snapshot, here=args.here)
-            except (OSError, ValueError) as exc:
-                return fail(f"cannot use the snapshot: {exc}")
-    emit(report, args.format, heading=f"mpdoctor explain {report.input.get('path', '')}".strip())
-    return EXIT_ERROR_FINDING if has_error(report.findings) else EXIT_OK
-
-
-def rules_main(args: Namespace) -> int:
-    try:
-        return _rules(args)
-    except (KeyboardInterrupt, BrokenPipeError):
-        raise
-    except Exception as exc:  # never a traceback of mpdoctor itself
-        return _internal_error(exc)
-
-
-def _rules(args: Namespace) -> int:
-    rules = load_or_fail(args.rules)
+def main(args: Namespace) -> int:
+    if args.rules_command is None:  # `mpdoctor rules` alone: its help, as an error
+        args._rules_parser.print_help(sys.stderr)
+        return 2
+    rules = load_rules_or_fail(args.rules)
     if isinstance(rules, int):
         return rules
     if args.rules_command == "list":
@@ -135,7 +53,8 @@ def _rules(args: Namespace) -> int:
 def _rules_list(rules: list[Rule], args: Namespace) -> int:
     import json
 
-    chosen = [r for r in rules if not args.category or r.category == args.category]
+    chosen = [r for r in rules if (not args.category or r.category == args.category)
+              and (not getattr(args, 'kind', None) or r.kind == args.kind)]
     chosen.sort(key=lambda r: (r.kind, r.category, r.id))
     if args.format == "json":
         sys.stdout.write(json.dumps([{"id": r.id, "kind": r.kind, "category": r.category,
@@ -149,7 +68,7 @@ def _rules_list(rules: list[Rule], args: Namespace) -> int:
         return EXIT_OK
     from rich.table import Table
 
-    from .render import make_console
+    from ..render import make_console
 
     table = Table(title=f"{len(chosen)} rules", show_lines=False)
     for col in ("id", "kind", "category", "severity", "title"):
@@ -170,7 +89,7 @@ def _placeholders(template: str) -> str:
 def rule_doc_markdown(rule: Rule, rules: list[Rule] | None = None) -> str:
     """A rule's page in ruff's shape: what it detects, why it happens, known problems,
     an example (with what mpdoctor reports on it), the fix, a look-alike, references."""
-    from .engine.selftest import example_text
+    from ..engine.selftest import example_text
 
     out = [f"# {rule.id}", "", f"**{_placeholders(rule.title)}**", "",
            f"category `{rule.category}` · severity {rule.severity} · {rule.kind} rule", ""]
@@ -196,7 +115,7 @@ def rule_doc_markdown(rule: Rule, rules: list[Rule] | None = None) -> str:
             lines = text.strip("\n").split("\n")
             out += ["```text", "\n".join(lines[-25:]), "```", ""]
             if rule.kind == "log":
-                from .explain import explain_text
+                from ..explain import explain_text
 
                 try:
                     report = explain_text(text, rules if rules is not None else [rule])
@@ -249,7 +168,7 @@ def _rules_show(rules: list[Rule], args: Namespace) -> int:
     else:
         from rich.markdown import Markdown
 
-        from .render import make_console
+        from ..render import make_console
 
         make_console().print(Markdown(doc))
     return EXIT_OK
@@ -258,7 +177,7 @@ def _rules_show(rules: list[Rule], args: Namespace) -> int:
 def _rules_test(rules: list[Rule], args: Namespace) -> int:
     import json
 
-    from .engine.selftest import run_selftest
+    from ..engine.selftest import run_selftest
 
     only = None
     if args.dir:

@@ -7,13 +7,13 @@ machine where those are broken.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 from .engine.match import LogMatcher
-from .engine.rules import Rule, load_rules
+from .engine.rule import Rule
 from .findings import Report
 from .logtext import LogLine, normalise, segment
 from .scan import Progress, read_log
@@ -32,16 +32,21 @@ def matcher_for(rules: list[Rule]) -> LogMatcher:
     return entry[1]
 
 
-def explain_lines(lines: list[LogLine], rules: list[Rule]) -> Report:
+def explain_lines(lines: list[LogLine], rules: list[Rule], extra_facts: dict[str, Any] | None = None) -> Report:
     tracebacks = segment(lines)
-    findings, unrecognised = matcher_for(rules).findings(lines, tracebacks)
+    findings, unrecognised = matcher_for(rules).findings(lines, tracebacks, extra_facts)
     return Report(findings=findings, unrecognised=unrecognised)
 
 
-def explain_text(text: str, rules: list[Rule] | None = None) -> Report:
-    """Explain a log held in memory (the run wrapper's tail, a rule's example)."""
-    rules = load_rules() if rules is None else rules
-    report = explain_lines(normalise(text), rules)
+def explain_text(text: str, rules: list[Rule] | None = None, extra_facts: dict[str, Any] | None = None) -> Report:
+    """Explain a log held in memory (the run wrapper's tail, a rule's example, an
+    exception a run recorded). `extra_facts`: what another face observed around the
+    text (the module that raised it), for the templates."""
+    if rules is None:
+        from .rulebase import load
+
+        rules = load()
+    report = explain_lines(normalise(text), rules, extra_facts)
     report.input = {"bytes": len(text.encode("utf-8", "replace")), "lines": text.count("\n") + 1}
     return report
 
@@ -50,7 +55,10 @@ def explain_path(path: "str | Path", rules: list[Rule] | None = None, progress: 
     """Explain a file (or '-' for stdin) of any size. Raises scan.InputError.
 
     `progress(bytes_read, total)` is called while a big log is being read."""
-    rules = load_rules() if rules is None else rules
+    if rules is None:
+        from .rulebase import load
+
+        rules = load()
     matcher = matcher_for(rules)
     log = read_log(str(path), matcher.prefilter, progress)
     lines: list[LogLine] = []
@@ -59,3 +67,10 @@ def explain_path(path: "str | Path", rules: list[Rule] | None = None, progress: 
     report = explain_lines(lines, rules)
     report.input = log.info
     return report
+
+
+def explain_case(rule: Rule, example: Any, rules: list[Rule]) -> list[Any]:
+    """How `mpdoctor rules test` judges a log rule's example: as `explain` would."""
+    from .engine.selftest import example_text
+
+    return explain_text(example_text(rule, example), rules).findings

@@ -76,6 +76,9 @@ class Finding:
     # below the causes of the same severity.
     consequence: bool = False
     priority: int = 50
+    # the facts with the `_helper` ones, as the templates saw them (engine.assemble keeps
+    # them so that a merge can re-render); never serialised
+    all_facts: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -158,6 +161,9 @@ class Report:
     unrecognised: list[Unrecognised] = field(default_factory=list)
     # Extra top-level keys a face adds to its JSON (check's checklist, run's exit code).
     extra: dict[str, Any] = field(default_factory=dict)
+    # rules whose findings alone are no reason to speak after a run that went well
+    # (summaries, notes about mpdoctor itself); not serialised
+    quiet_rules: set[str] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def has_error(self) -> bool:
@@ -165,7 +171,7 @@ class Report:
 
     def worth_showing(self, exit_code: int = 0) -> bool:
         """Whether a face that stays quiet when all is well (run) has something to say."""
-        return exit_code != 0 or any(f.severity != "info" for f in self.findings)
+        return exit_code != 0 or any(f.rule not in self.quiet_rules for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.extra)

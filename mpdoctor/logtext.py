@@ -517,6 +517,8 @@ _STDLIB_OR_SITE = _LazyRe(
     r"(site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]lib[/\\][\w.-]+\.py$|<frozen |"
     r"^<(?!ipython-input)[^>]*>$|[/\\](?:torch|accelerate|transformers|deepspeed|lightning|pytorch_lightning|"
     r"peft|trl|bitsandbytes|flash_attn|apex|vllm|diffusers|xformers|triton)[/\\]|"
+    # mpdoctor's own instrumentation and probe, from a checkout as much as from a wheel
+    r"[/\\]mpdoctor[/\\](?:instrument|probe|run|env|engine|commands)[/\\]|"
     r"[/\\]\.pyenv[/\\]|[/\\]conda[/\\].*[/\\]lib[/\\]|[/\\]bin[/\\][\w.-]+$|"
     # a Windows venv's launcher (Scripts\accelerate.exe), not a project's own scripts/ folder
     r"[/\\]Scripts[/\\][^/\\]+\.exe\b|[/\\]\.?venv[/\\]Scripts[/\\]|"

@@ -138,7 +138,7 @@ def read_log(path: str, literals: "Iterable[str] | Prefilter | Callable[[], Pref
 
 class Prefilter:
     """What the streaming scan looks for. `skeletons`: one Hyperscan expression per pattern
-    (its least common fixed text, engine.match._native_expression), so that a word such as
+    (its least common fixed text, engine.prefilter.native_expression), so that a word such as
     "loss" on every line of a training log does not make every line a hit; `literals` and
     `checks`: the same for the pure-Python scan, which checks a hit's line against the
     pattern's other fixed runs."""

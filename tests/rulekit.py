@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mpdoctor.engine import rulecache
-from mpdoctor.engine.rules import load_dir
+from mpdoctor import rulebase
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ def rules_in(tmp_path: Path, *specs: tuple[str, dict]) -> list:
     folder = tmp_path / "rules"
     for rid, fields in specs:
         write_rule(folder, rid, **fields)
-    return load_dir(folder)
+    return rulebase.load_folder(folder)
 
 
 def _toml_value(v: Any) -> str:

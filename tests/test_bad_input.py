@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpdoctor import cli
-from mpdoctor.engine.rules import load_rules
+from mpdoctor import rulebase
 from mpdoctor.explain import explain_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMS = ROOT / "fixtures" / "logs" / "forms"
-RULES = load_rules()
+RULES = rulebase.load()
 OOM_TB = (FORMS / "slurm-srun-label.log").read_text()
 
 

@@ -34,6 +34,7 @@ EXPECTED = {
     "torch-missing-libcudart": {"torch-import-missing-library"},
     "torch-import-hangs": {"torch-import-fails"},
     "cpu-torch-on-gpu-bf16": {"cpu-only-torch-with-gpu", "bf16-cpu-not-native"},
+    "cpu-torch-on-gpu-fp16": {"cpu-only-torch-with-gpu", "fp16-silently-fp32-on-cpu"},
     "deepspeed-conflict": {"deepspeed-precision-conflict", "gpu-ecc-errors"},
     "deepspeed-overrides": {"deepspeed-overrides-mixed-precision"},
     "deepspeed-missing-json": {"deepspeed-config-missing"},

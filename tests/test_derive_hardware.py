@@ -10,7 +10,6 @@ from mpdoctor.engine.derive.hardware import (
     build_hint,
     cc_of_gpu_name,
     covers,
-    decode_cuda_version,
     device_flags,
     driver_max_cuda,
     normalise_cc,
@@ -34,14 +33,6 @@ def test_compute_capability_spellings(text, cc):
 ])
 def test_gpu_names_give_capabilities(name, cc):
     assert cc_of_gpu_name(name) == cc
-
-
-@pytest.mark.parametrize("number, cuda", [
-    ("11040", "11.4"), ("12020", "12.2"), ("9000", "9.0"), ("6050", "6.5"), ("10010", "10.1"),
-    ("0", None), ("abc", None), (None, None),
-])
-def test_driver_numbers_decode_as_driver_api_versions(number, cuda):
-    assert decode_cuda_version(number) == cuda
 
 
 def test_driver_branch_gives_newest_cuda():

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from mpdoctor import scan
-from mpdoctor.engine.rules import load_dir, load_rules
+from mpdoctor import rulebase
 from mpdoctor.engine.selftest import run_selftest
+from mpdoctor.findings import Finding
 from mpdoctor.explain import explain_path, explain_text
 from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
@@ -119,28 +120,31 @@ def test_selftest_reports_wrong_facts_and_a_firing_near_miss(tmp_path):
     rules = rules_in(tmp_path, ("fact-rule", {
         "patterns": [r"FACT FAILED (?P<n>\d+)"], "examples": [{"text": "FACT FAILED 1", "facts": {"n": "2"}}],
         "near_misses": [{"text": "FACT FAILED 3"}]}))
-    results = run_selftest(rules)
+    results = run_selftest(rules, rulebase.case_runners(), sentences=False)
     assert [(r.kind, r.ok) for r in results] == [("example", False), ("near_miss", False)]
     assert "fact 'n' is '1', expected '2'" in results[0].message
     assert results[1].message == "fired on a near miss"
 
 
-def test_env_rules_go_to_the_registered_case_runner(tmp_path):
-    from mpdoctor.engine import selftest
+def test_evidence_rules_are_judged_by_the_runner_of_their_kind(tmp_path):
+    from mpdoctor.engine.loader import load_dir
 
     folder = tmp_path / "rules"
     (folder / "env").mkdir(parents=True)
     (folder / "env" / "e.toml").write_text(
         "id = 'env-rule'\nkind = 'env'\ncategory = 'bf16-unsupported'\ntitle = 't'\ncheck = 'c'\n"
         "[[example]]\nsnapshot = 'a.json'\n[[near_miss]]\nsnapshot = 'b.json'\n")
-    rules = load_dir(folder)
+    rules = load_dir(folder)  # no vocabulary: check 'c' is this test's own
     calls = []
-    selftest.ENV_CASE_RUNNER.insert(0, lambda rule, ex, positive, all_rules: (calls.append(positive) or True, ""))
-    try:
-        assert all(r.ok for r in run_selftest(rules))
-    finally:
-        selftest.ENV_CASE_RUNNER.pop(0)
-    assert calls == [True, False]
+
+    def runner(rule, ex, all_rules):
+        calls.append(ex.snapshot)
+        return [Finding(rule="env-rule", category="bf16-unsupported", severity="error", title="t")] \
+            if ex.snapshot == "a.json" else []
+
+    results = run_selftest(rules, {"env": runner})
+    assert all(r.ok for r in results), results
+    assert calls == ["a.json", "b.json"]
 
 
 # --- big logs: regions give the findings of the whole file -------------------------------
@@ -173,7 +177,7 @@ def test_regions_match_whole_file_across_chunk_boundaries(tmp_path, monkeypatch,
     text = _training_log(16_000, 3, {900: tb, 7_000: nan, 7_001: nan, 7_002: nan, 15_000: tb})
     path = tmp_path / "medium.log"
     path.write_text(text)
-    rules = load_rules()
+    rules = rulebase.load()
     whole = explain_text(text, rules)
     regions = explain_path(path, rules)
     assert regions.input["scanned"] == "regions" and regions.input["matcher"] == engine
@@ -194,7 +198,7 @@ def test_a_line_longer_than_a_chunk(tmp_path, monkeypatch):
     text = "a" * 100_000 + "\n" + "b " * 50_000 + "\n" + oom
     path = tmp_path / "long.log"
     path.write_text(text)
-    rules = load_rules()
+    rules = rulebase.load()
     assert _facts_of(explain_path(path, rules)) == _facts_of(explain_text(text, rules))
 
 

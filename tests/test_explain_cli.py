@@ -245,13 +245,13 @@ def test_progress_shows_on_a_terminal_only(tmp_path):
     assert json.loads(piped.stdout)["unrecognised"][0]["exception"] == "KeyError: 'label'"
 
 
-def test_explain_never_imports_torch_accelerate_numpy_or_pynvml():
+def test_explain_never_imports_torch_accelerate_numpy_pynvml_or_packaging():
     code = (
         "import sys\n"
         "from mpdoctor import cli\n"
         f"rc = cli.main(['explain', {str(OOM_LOG)!r}, '--format', 'json'])\n"
         f"rc2 = cli.main(['explain', {str(OOM_LOG)!r}])\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'accelerate', 'numpy', 'pynvml'))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'accelerate', 'numpy', 'pynvml', 'packaging'))\n"
         "sys.stderr.write('IMPORTED:' + ','.join(bad))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
@@ -262,4 +262,4 @@ def test_explain_never_imports_torch_accelerate_numpy_or_pynvml():
                           capture_output=True, timeout=120)
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.decode().splitlines()
                 if line.startswith("import time:")}
-    assert not imported & {"torch", "accelerate", "numpy", "pynvml"}
+    assert not imported & {"torch", "accelerate", "numpy", "pynvml", "packaging"}

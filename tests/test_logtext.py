@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpdoctor.engine.rules import load_rules
+from mpdoctor import rulebase
 from mpdoctor.explain import explain_path, explain_text
 from mpdoctor.logtext import (
     clean_physical_line,
@@ -26,7 +26,7 @@ from mpdoctor.logtext import (
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMS = ROOT / "fixtures" / "logs" / "forms"
-RULES = load_rules()
+RULES = rulebase.load()
 OOM_ONLY = [r for r in RULES if r.id == "cuda-oom"]
 
 # file -> (line of the OOM message, facts that must be read out, count, ranks)

@@ -22,7 +22,7 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("accele
     pytest.skip("torch and accelerate are needed for live probe runs", allow_module_level=True)
 
 from mpdoctor.probe import ProbeOptions, run_probe  # noqa: E402
-from mpdoctor.probe.analysis import build_rows  # noqa: E402
+from mpdoctor.probe.rows import build_rows  # noqa: E402
 from mpdoctor.probe.runner import run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,9 +74,11 @@ def test_accelerate_fp16_on_cpu_is_reported_as_fp32(default_json):
     assert fp16["speedup"] is None and fp16["memory_saving"] is None
     assert fp16["loss_rel_diff"] == 0.0  # it was fp32, bit for bit
     f = fp16["findings"][0]
-    assert (f["category"], f["severity"]) == ("fp16-unsupported-device", "warning")
-    assert "torch.autocast(\"cpu\", dtype=torch.float16) does run" in f["explanation"]
-    assert f["facts"]["torch_autocast_fp16_dtype"] == "float16"
+    # the same knowledge as `mpdoctor check` with fp16 on a CPU, with what the probe saw
+    assert (f["rule"], f["category"], f["severity"]) == ("fp16-silently-fp32-on-cpu", "fp16-unsupported-device",
+                                                         "warning")
+    assert "torch.autocast(\"cpu\", dtype=torch.float16)` does run" in f["explanation"]
+    assert f["facts"]["torch_autocast_fp16_dtype"] == "float16" and f["facts"]["observed_dtype"] == "float32"
 
 
 def test_fp8_says_why_it_is_unavailable(default_json):
@@ -160,10 +162,10 @@ def test_stress_shows_fp16_overflow_and_bf16_headroom():
     # accelerate's fp16 ran fp32 on this CPU: no overflow in it, said honestly, and
     # torch's own fp16 autocast on the same batch does overflow
     assert fp16["autocast_dtype"] == "float32" and fp16["nonfinite_count"] == 0
-    stress = next(f for f in fp16["findings"] if f["rule"] == "probe-stress-fp16-not-run")
+    stress = next(f for f in fp16["findings"] if f["rule"] == "stress-fp16-not-exercised")
     assert stress["category"] == "fp16-value-overflow"
-    assert "ran float32 on this CPU, so nothing overflowed" in stress["explanation"]
-    assert stress["facts"]["torch_autocast_fp16_overflow"] is True
+    assert "ran float32 on this machine, so nothing overflowed" in stress["explanation"]
+    assert "the same batch does overflow" in stress["explanation"]
 
 
 def test_a_missing_device_is_the_rule_base_finding_not_a_silent_cpu_run():

@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from mpdoctor.probe.analysis import ModeRow, build_rows, recommend
+from mpdoctor.probe.recommend import recommend
+from mpdoctor.probe.rows import ModeRow, build_rows
 from mpdoctor.probe.report import ProbeReport, to_markdown
 from mpdoctor.probe.runner import ChildOutcome, ProbeOptions
 
@@ -94,7 +95,12 @@ def _result(mode: str, step: float, peak: int, dtype: str, loss: float, logits: 
             "step_times_s": [step] * 10, "step_time_s": step, "final_loss": loss,
             "peak_memory_bytes": peak, "memory_kind": "rss_peak_growth", "autocast_dtype": dtype,
             "fp8_modules": 0, "observed": {"skipped_steps": 0, "scaler": {"present": False}, "nonfinite": [],
-                                           "nonfinite_count": 0, "findings": [], "source": "probe-minimal"},
+                                           "nonfinite_count": 0, "source": "mpdoctor.instrument.watch",
+                                           "watch": {"plan": {"requested": mode, "autocast_dtype": dtype,
+                                                              "device": "cpu"}}},
+            # the environment the child ran in, as env.inprocess records it (a CPU-only torch)
+            "env": {"torch": {"status": "ok", "version": "2.13.0+cpu", "cuda_build": None, "cuda_available": False,
+                              "device_count": 0}, "packages": {"versions": {"accelerate": "1.16.0"}}},
             "eval": {"peak_abs": 3.0, "nonfinite_logits": 0, "logits": logits, "logits_count": len(logits)}}
 
 
@@ -115,7 +121,7 @@ def test_rows_compare_against_fp32_and_refuse_gains_for_a_mode_that_did_not_run(
     assert rows["fp16"].speedup is None and rows["fp16"].memory_saving is None
     assert rows["fp16"].ran_as_requested is False
     f = rows["fp16"].findings[0]
-    assert (f.category, f.severity, f.rule) == ("fp16-unsupported-device", "warning", "probe-fp16-not-applied")
+    assert (f.category, f.severity, f.rule) == ("fp16-unsupported-device", "warning", "fp16-silently-fp32-on-cpu")
     assert "float32" in f.title and f.facts["mode"] == "fp16"
     assert abs(rows["bf16"].speedup - 2.0) < 1e-9
     assert abs(rows["bf16"].memory_saving - 0.4) < 1e-9
@@ -143,7 +149,7 @@ def test_failed_child_row_carries_the_rule_base_explanation():
 
 
 def test_parent_side_never_imports_torch():
-    code = ("import sys, mpdoctor.probe, mpdoctor.probe.analysis, mpdoctor.probe.report, mpdoctor.cli;"
+    code = ("import sys, mpdoctor.probe, mpdoctor.probe.rows, mpdoctor.probe.recommend, mpdoctor.probe.report, mpdoctor.cli;"
             "bad = [m for m in ('torch', 'accelerate', 'numpy') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

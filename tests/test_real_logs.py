@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpdoctor.engine.rules import load_rules
+from mpdoctor import rulebase
 from mpdoctor.explain import explain_path
 from mpdoctor.findings import CATEGORIES
 
@@ -25,7 +25,7 @@ MANIFEST = tomllib.loads((ROOT / "MANIFEST.toml").read_text(encoding="utf-8"))["
 @pytest.fixture(scope="module")
 def rules():
     # One rule list for the module: explain's matcher cache then builds the matcher once.
-    return load_rules()
+    return rulebase.load()
 
 
 def test_manifest_is_well_formed():

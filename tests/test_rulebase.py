@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from mpdoctor.engine.rules import load_rules
+from mpdoctor import rulebase
 from mpdoctor.engine.selftest import run_selftest
 from mpdoctor.findings import CATEGORIES
 
-RULES = load_rules()
+RULES = rulebase.load()
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.id for r in RULES])
 def test_rule_examples(rule):
-    results = run_selftest(RULES, [rule])
+    results = run_selftest(RULES, rulebase.case_runners(), [rule])
     failed = [f"{r.kind}[{r.index}]: {r.message}" for r in results if not r.ok]
     assert not failed, "\n".join(failed)
 

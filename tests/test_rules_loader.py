@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mpdoctor.engine import rulecache
-from mpdoctor.engine.rules import LazyPattern, RuleError, load_dir, load_rules
+from mpdoctor import rulebase
+from mpdoctor.engine.rule import LazyPattern, RuleError
 from mpdoctor.explain import explain_text
 from tests.rulekit import private_cache, rule_toml, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
@@ -29,7 +30,7 @@ BAD = [
     (rule_toml("bad", unless=[r"x{2,1}"]), ["'bad'", "unless: the pattern"]),
     (rule_toml("bad", examples=[]), ["'bad'", "needs at least one [[example]]"]),
     (rule_toml("bad", near_misses=[]), ["'bad'", "needs at least one [[near_miss]]"]),
-    (rule_toml("bad", examples=[{"text": "a", "file": "b.log"}]), ["'bad'", "example[0] needs exactly one of text, file or snapshot"]),
+    (rule_toml("bad", examples=[{"text": "a", "file": "b.log"}]), ["'bad'", "example[0] of a log rule needs exactly one of text or file"]),
     (rule_toml("bad", examples=[{"text": "a", "fact": {}}]), ["'bad'", "example[0] has unknown keys: fact"]),
     (rule_toml("bad", derive="no_such_deriver"), ["'bad'", "derive 'no_such_deriver' is not one of"]),
     (rule_toml("bad", priority="high"), ["'bad'", "'priority' must be a whole number"]),
@@ -46,7 +47,7 @@ def test_malformed_rule_names_file_rule_and_problem(tmp_path, text, words):
     path.parent.mkdir(parents=True)
     path.write_text(text)
     with pytest.raises(RuleError) as err:
-        load_dir(tmp_path / "rules")
+        rulebase.load_folder(tmp_path / "rules")
     message = str(err.value)
     assert message.startswith(str(path))
     for w in words:
@@ -58,25 +59,25 @@ def test_file_that_is_not_utf8(tmp_path):
     path.parent.mkdir()
     path.write_bytes(b"id = '\xff\xfe'\n")
     with pytest.raises(RuleError, match="x.toml"):
-        load_dir(tmp_path / "r")
+        rulebase.load_folder(tmp_path / "r")
 
 
 def test_same_id_twice_in_one_folder(tmp_path):
     write_rule(tmp_path / "r", "twice")
     (tmp_path / "r" / "log" / "other.toml").write_text(rule_toml("twice"))
     with pytest.raises(RuleError, match="the same id is already used by"):
-        load_rules([tmp_path / "r"])
+        rulebase.load([tmp_path / "r"])
 
 
 def test_not_a_folder(tmp_path):
     with pytest.raises(RuleError, match="is not a folder of rules"):
-        load_rules([tmp_path / "missing"])
+        rulebase.load([tmp_path / "missing"])
 
 
 def test_user_rule_overrides_builtin_of_the_same_id(tmp_path):
     write_rule(tmp_path / "mine", "cuda-oom", category="out-of-memory", title="my own OOM rule",
                patterns=["CUDA out of memory"], examples=[{"text": "CUDA out of memory"}])
-    rules = load_rules([tmp_path / "mine"])
+    rules = rulebase.load([tmp_path / "mine"])
     (oom,) = [r for r in rules if r.id == "cuda-oom"]
     assert oom.title == "my own OOM rule"
     assert explain_text("RuntimeError: CUDA out of memory. Tried to allocate 2 GiB", rules).findings[0].title \
@@ -87,13 +88,13 @@ def test_rules_path_environment_variable(tmp_path, monkeypatch):
     write_rule(tmp_path / "a", "from-env-a")
     write_rule(tmp_path / "b", "from-env-b")
     monkeypatch.setenv("MPDOCTOR_RULES_PATH", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
-    ids = {r.id for r in load_rules()}
+    ids = {r.id for r in rulebase.load()}
     assert {"from-env-a", "from-env-b", "cuda-oom"} <= ids
 
 
 def test_patterns_compile_lazily_and_behave_like_re(tmp_path):
     write_rule(tmp_path / "r", "lazy", patterns=[r"LAZY FAILED (?P<code>\d+)"])
-    (rule,) = load_dir(tmp_path / "r")
+    (rule,) = rulebase.load_folder(tmp_path / "r")
     rx = rule.patterns[0]
     assert isinstance(rx, LazyPattern) and rx._rx is None
     assert rx.search("x LAZY FAILED 42").group("code") == "42"
@@ -102,31 +103,31 @@ def test_patterns_compile_lazily_and_behave_like_re(tmp_path):
 
 def test_cache_gives_the_same_rules_and_notices_a_changed_file(tmp_path):
     path = write_rule(tmp_path / "r", "cached", patterns=[r"CACHED FAILED (?P<n>\d+)"])
-    first = load_dir(tmp_path / "r")
+    first = rulebase.load_folder(tmp_path / "r")
     assert (tmp_path / "cache" / "rules.marshal").is_file()
     rulecache.reset()
-    again = load_dir(tmp_path / "r")
+    again = rulebase.load_folder(tmp_path / "r")
     assert [(r.id, r.literals, [p.pattern for p in r.patterns], r.title) for r in again] == \
         [(r.id, r.literals, [p.pattern for p in r.patterns], r.title) for r in first]
     # the cached entry is skipped once the file changes (size and mtime differ)
     path.write_text(rule_toml("cached", patterns=[r"CACHED (a+)+ BROKEN"]))
     rulecache.reset()
     with pytest.raises(RuleError, match="nests an unbounded repetition"):
-        load_dir(tmp_path / "r")
+        rulebase.load_folder(tmp_path / "r")
 
 
 def test_a_corrupt_cache_is_ignored(tmp_path):
     write_rule(tmp_path / "r", "corrupt")
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "rules.marshal").write_bytes(b"\x00garbage")
-    assert [r.id for r in load_dir(tmp_path / "r")] == ["corrupt"]
+    assert [r.id for r in rulebase.load_folder(tmp_path / "r")] == ["corrupt"]
 
 
 def test_no_cache_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("MPDOCTOR_NO_CACHE", "1")
     rulecache.reset()
     write_rule(tmp_path / "r", "nocache")
-    load_dir(tmp_path / "r")
+    rulebase.load_folder(tmp_path / "r")
     assert not (tmp_path / "cache").exists()
 
 
@@ -136,18 +137,18 @@ def test_cache_folder_that_cannot_be_written(tmp_path, monkeypatch):
     monkeypatch.setenv("MPDOCTOR_CACHE_DIR", str(blocker / "cache"))
     rulecache.reset()
     write_rule(tmp_path / "r", "nowrite")
-    assert [r.id for r in load_dir(tmp_path / "r")] == ["nowrite"]
+    assert [r.id for r in rulebase.load_folder(tmp_path / "r")] == ["nowrite"]
 
 
 def test_in_process_reuse_notices_new_rule_files(tmp_path):
     write_rule(tmp_path / "r", "first-rule")
-    assert "second-rule" not in {r.id for r in load_rules([tmp_path / "r"])}
+    assert "second-rule" not in {r.id for r in rulebase.load([tmp_path / "r"])}
     write_rule(tmp_path / "r", "second-rule")
-    assert "second-rule" in {r.id for r in load_rules([tmp_path / "r"])}
+    assert "second-rule" in {r.id for r in rulebase.load([tmp_path / "r"])}
 
 
 def test_builtin_rules_all_load_and_have_literals():
-    rules = load_rules()
+    rules = rulebase.load()
     assert rules, "no built-in rules"
     for r in rules:
         if r.kind == "log":

@@ -37,7 +37,7 @@ def test_two_ranks_first_failure_and_the_waiting_peer(tmp_path: Path) -> None:
     top = data["findings"][0]
     assert top["category"] == "dtype-mismatch"
     assert top["facts"]["module"] == "encoder" and 1 in top["ranks"]
-    summary = [f for f in data["findings"] if f["rule"] == "run-rank-summary"][0]
+    summary = [f for f in data["findings"] if f["rule"] == "rank-summary"][0]
     assert summary["facts"]["first_failed_rank"] == 1
     assert summary["title"].startswith("Rank 1 failed first in `encoder` at step 2; rank 0 ")
     assert data["precision_plan"]["distributed_type"] == "MULTI_CPU"

@@ -3,7 +3,7 @@
 Built with `python -m build --wheel --no-isolation` (hatchling from the dev extra, so no
 network), installed with --no-deps into a plain venv (no system or dev site-packages),
 whose only third-party packages are the core dependencies (rich and its own, psutil,
-nvidia-ml-py), copied from the dev venv; then `mpdoctor explain` and `mpdoctor rules test` run from another folder.
+nvidia-ml-py, packaging), copied from the dev venv; then `mpdoctor explain` and `mpdoctor rules test` run from another folder.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_DEPS = ("rich", "pygments", "markdown_it", "mdurl", "psutil", "pynvml")  # the core dependencies
+RUNTIME_DEPS = ("rich", "pygments", "markdown_it", "mdurl", "psutil", "pynvml", "packaging")  # the core dependencies
 
 
 @pytest.fixture(scope="module")

@@ -51,10 +51,11 @@ def fail(message: str) -> int:
 
 def load_rules_or_fail(extra: list[str]) -> Any:
     """The rule base, or the exit status 2 after saying which rule file is wrong."""
-    from ..engine.rules import RuleError, load_rules
+    from ..engine.rule import RuleError
+    from ..rulebase import load
 
     try:
-        return load_rules(extra)
+        return load(extra)
     except RuleError as exc:
         return fail(f"bad rule: {exc}")
 

@@ -52,12 +52,13 @@ def options_from_args(args: Namespace) -> Any:
 
 
 def main(args: Namespace) -> int:
-    from ..engine.rules import RuleError, load_rules
+    from ..engine.rule import RuleError
+    from ..rulebase import load
     from ..probe import print_terminal, run_probe_with_progress, to_markdown
 
     try:
         opts = options_from_args(args)
-        load_rules(opts.rules)  # a bad rules folder is the user's error, said before any run
+        load(opts.rules)  # a bad rules folder is the user's error, said before any run
     except (ValueError, RuleError) as exc:
         return fail(str(exc))
     report = run_probe_with_progress(opts)

@@ -6,7 +6,7 @@ import sys
 from argparse import Namespace
 from typing import Any
 
-from ..engine.rules import Rule, RuleError, load_dir
+from ..engine.rule import Rule, RuleError
 from . import EXIT_ERROR_FINDING, EXIT_OK, fail, load_rules_or_fail
 
 DESCRIPTION = ("The knowledge mpdoctor uses, as data under rules/: log rules (read log text), env\n"
@@ -184,20 +184,32 @@ def _rules_test(rules: list[Rule], args: Namespace) -> int:
         try:
             from pathlib import Path
 
-            extra = load_dir(Path(args.dir))
+            from ..rulebase import load_folder
+
+            extra = load_folder(Path(args.dir))
         except RuleError as exc:
             return fail(f"bad rule: {exc}")
         ids = {r.id for r in extra}
         rules = [r for r in rules if r.id not in ids] + extra
         only = extra
-    results = run_selftest(rules, only)
+    from ..rulebase import case_runners
+
+    results = run_selftest(rules, case_runners(), only)
     failed = [r for r in results if not r.ok]
     tested = len({r.rule for r in results})
+    cases = [r for r in results if r.kind != "sentence"]
+    failed_cases = [r for r in cases if not r.ok]
+    unsaid = [r for r in results if r.kind == "sentence" and not r.ok]
     if args.format == "json":
-        sys.stdout.write(json.dumps({"rules": tested, "cases": len(results), "failed": [
-            {"rule": r.rule, "case": f"{r.kind}[{r.index}]", "message": r.message} for r in failed]}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"rules": tested, "cases": len(cases), "failed": [
+            {"rule": r.rule, "case": f"{r.kind}[{r.index}]" if r.kind != "sentence" else "sentences",
+             "message": r.message} for r in failed]}, indent=2) + "\n")
     else:
         for r in failed:
-            sys.stdout.write(f"FAIL {r.rule} {r.kind}[{r.index}]: {r.message}\n")
-        sys.stdout.write(f"{tested} rules, {len(results)} cases: {len(results) - len(failed)} passed, {len(failed)} failed\n")
+            case = f"{r.kind}[{r.index}]" if r.kind != "sentence" else "sentences"
+            sys.stdout.write(f"FAIL {r.rule} {case}: {r.message}\n")
+        summary = f"{tested} rules, {len(cases)} cases: {len(cases) - len(failed_cases)} passed, {len(failed_cases)} failed"
+        if unsaid:
+            summary += f"; {len(unsaid)} rule(s) with a sentence no example renders"
+        sys.stdout.write(summary + "\n")
     return EXIT_ERROR_FINDING if failed else EXIT_OK

@@ -14,8 +14,8 @@ from typing import Any, Iterable
 
 from ..findings import Evidence, Finding, Unrecognised, rank_findings
 from ..logtext import MAX_MATCH_CHARS, LogLine, Traceback
-from .rules import Rule
-from .template import render_all, render_paragraph
+from .assemble import assemble, supersede
+from .rule import Rule
 
 MAX_EVIDENCE = 4
 MAX_EVIDENCE_CHARS = 400
@@ -114,44 +114,12 @@ class LogMatcher:
         self._prefilter: Any = None
 
     def prefilter(self) -> Any:
-        """What a streaming scan of a big log must keep: every line a pattern (or a
-        requires / excludes / context pattern) could match. Built on first use, since
-        only a log too big to read whole needs it, from what the rule cache holds (each
-        pattern's ordered fixed runs), so it costs no pattern parsing."""
+        """What a streaming scan of a big log must keep (engine.prefilter), built on first
+        use: only a log too big to read whole needs it."""
         if self._prefilter is None:
-            from ..scan import Prefilter
+            from .prefilter import build_prefilter
 
-            scan_literals: set[str] = set()
-            expressions: list[tuple[bytes, bool]] = []
-            first_literals: set[str] = set()
-            first_expressions: list[tuple[bytes, bool]] = []
-            checks: dict[tuple[str, bool], list] = {}
-            for rule in self.rules:
-                for rx in rule.patterns:
-                    expr = _native_expression(rx)
-                    step = _scan_step(rx)
-                    if expr is None or step is None:  # no runs: the rule's literals, every hit kept
-                        expressions.extend((_escape_bytes(lit), True) for lit in rule.literals)
-                        for lit in rule.literals:
-                            scan_literals.add(lit)
-                            checks.setdefault((lit, True), []).append(None)
-                        continue
-                    expressions.append(expr)
-                    for alt in step:  # the pure-Python scan: this step, in the pattern's case
-                        scan_literals.add(alt.lower())
-                        checks.setdefault((alt, rx.caseless), []).append((rx.runs, rx.caseless))
-                for rx in (*rule.requires, *rule.excludes, *rule.context):
-                    expr = _native_expression(rx)
-                    step = _scan_step(rx)
-                    if expr is None or step is None:
-                        continue  # nothing fixed to look for: the head of the log still has it
-                    first_expressions.append(expr)
-                    first_literals.update(a.lower() for a in step)
-            self._prefilter = Prefilter(sorted(scan_literals), sorted(set(expressions)),
-                                        sorted(first_literals), sorted(set(first_expressions)))
-            # (literal, caseless) -> the runs to check on its line; None keeps every hit
-            self._prefilter.checks = {key: (c if all(x is not None for x in c) else None)
-                                      for key, c in checks.items()}
+            self._prefilter = build_prefilter(self.rules)
         return self._prefilter
 
     # -- hits ---------------------------------------------------------------------------
@@ -198,7 +166,11 @@ class LogMatcher:
 
     # -- findings -----------------------------------------------------------------------
 
-    def findings(self, lines: list[LogLine], tracebacks: list[Traceback]) -> tuple[list[Finding], list[Unrecognised]]:
+    def findings(self, lines: list[LogLine], tracebacks: list[Traceback],
+                 extra_facts: dict[str, Any] | None = None) -> tuple[list[Finding], list[Unrecognised]]:
+        """Ranked findings and the exceptions no rule knows. `extra_facts`, what another
+        face observed around this text (the module a run saw raise it), join every
+        finding's facts before its templates are rendered."""
         by_rule = self.hits(lines)
         findings: list[Finding] = []
         explained: set[int] = set()
@@ -213,16 +185,17 @@ class LogMatcher:
                 continue
             if rule.excludes and any(whole.search(rx) for rx in rule.excludes):
                 continue
-            finding, t_i = self._finding(rule, hits, whole, tracebacks, tb_starts, explained)
+            finding, t_i = self._finding(rule, hits, whole, tracebacks, tb_starts, explained, extra_facts)
             findings.append(finding)
             tb_of[id(finding)] = t_i
-        findings = _apply_supersedes(findings, self._by_id)
+        findings = supersede(findings, self._by_id)
         _causes_first(findings, tb_of, tracebacks)
         unrecognised = _unrecognised(tracebacks, explained, findings)
         return rank_findings(findings), unrecognised
 
     def _finding(self, rule: Rule, hits: list[Hit], whole: "_WholeLog", tracebacks: list[Traceback],
-                 tb_starts: list[int], explained: set[int]) -> tuple[Finding, int | None]:
+                 tb_starts: list[int], explained: set[int],
+                 extra_facts: dict[str, Any] | None = None) -> tuple[Finding, int | None]:
         facts: dict[str, Any] = dict(hits[0].facts)
         for h in hits[1:]:
             for k, v in h.facts.items():
@@ -270,6 +243,9 @@ class LogMatcher:
             uf = tb.user_frame
             if uf is not None:
                 facts.setdefault("user_frame", uf.location)
+        for k, v in (extra_facts or {}).items():
+            if v not in (None, ""):
+                facts.setdefault(k, v)
         if rule.derive:
             from .derive import run_deriver  # imported only when a rule needs it
 
@@ -283,52 +259,7 @@ class LogMatcher:
                                      tb.user_frame.no))
         if ranks:
             facts.setdefault("ranks", ", ".join(str(r) for r in ranks))
-        severity = facts.pop("severity", None) if facts.get("severity") in ("error", "warning", "info") else None
-        # `_name` facts are helpers (a sentence fragment, a flag): the templates see them,
-        # the finding's facts (the JSON a user reads) do not.
-        title = render_all(rule.titles, facts)
-        explanation = render_paragraph(rule.explanation, facts)
-        fixes = render_all(rule.fixes, facts)
-        facts = {k: v for k, v in facts.items() if not k.startswith("_")}
-        return Finding(
-            rule=rule.id,
-            category=rule.category,
-            severity=severity or rule.severity,
-            title=title[0] if title else fallback_title(rule.titles[-1]),
-            explanation=explanation,
-            fixes=fixes,
-            evidence=evidence,
-            facts=facts,
-            references=list(rule.references),
-            count=_count(hits),
-            ranks=ranks,
-            consequence=rule.consequence,
-            priority=rule.priority,
-        ), tb_index
-
-
-# Where a clause starts: an open bracket, a colon, a dash, a comma, a sentence end.
-_CLAUSE = re.compile(r"\s*(?:[(\[:;,\u2014\u2013]|\s-\s|\.\s)")
-_DANGLING = " \t([{:;,.-\u2014\u2013"
-
-
-def fallback_title(title: str) -> str:
-    """A title whose facts are missing, as far as it reads complete: cut at the last
-    clause boundary before the first placeholder ("The GPU ran out of memory (asked
-    for {requested})" -> "The GPU ran out of memory"), never a dangling "(asked for"."""
-    head = title.split("{")[0]
-    if head == title:
-        return title.strip()
-    cut = head
-    last = None
-    for m in _CLAUSE.finditer(head):
-        if m.start() > 0:
-            last = m
-    if last is not None:
-        cut = head[:last.start()]
-    cut = cut.rstrip(_DANGLING)
-    # nothing before the first fact: the title with its holes marked
-    return cut or re.sub(r"\{[^{}]*\}", "…", title).strip()
+        return assemble(rule, facts, evidence, count=_count(hits), ranks=ranks), tb_index
 
 
 class _WholeLog:
@@ -367,57 +298,6 @@ def _count(hits: list[Hit]) -> int:
     return max(1, len(ranked) + len(unranked))
 
 
-# Words on nearly every line of a training log: a poor literal to scan a big log for.
-_COMMON_IN_LOGS = ("loss", "norm", "step", "epoch", "rank", "error", "warning", "train", "time",
-                   "grad", "batch", "iter", "eval", "cuda", "torch", "memory", "tokens", "samples",
-                   "grad_norm", "learning_rate", "throughput")
-
-
-def _scan_step(rx: Any) -> tuple[str, ...] | None:
-    """The pattern's fixed step best to scan a big log for: no alternative that is (part
-    of) a word common in training logs, then the longest shortest alternative."""
-    best, best_key = None, (0, 0)
-    caseless = getattr(rx, "caseless", True)
-    for step in getattr(rx, "runs", ()):
-        alts = [a.lower() for a in step] if caseless else list(step)
-        if any(len(a.strip()) < 3 for a in alts):
-            continue
-        key = (0 if _is_common(tuple(alts), False) else 1, min(len(a) for a in alts))
-        if key > best_key:
-            best, best_key = step, key
-    return best
-
-
-def _native_expression(rx: Any) -> tuple[bytes, bool] | None:
-    """The Hyperscan expression for a pattern: its least common fixed step (an
-    alternation of literals, fast to scan for); when every step is common in training
-    logs, the two longest in their order ("loss.*(?:nan|inf)"), so that a literal on
-    every line does not make every line a hit. Matches a superset of the lines the
-    pattern matches: (expression, caseless)."""
-    steps = [s for s in getattr(rx, "runs", ()) if all(len(a) >= 3 for a in s)]
-    best = _scan_step(rx)
-    if best is None or best not in steps:
-        return None
-    group = lambda step: b"(?:" + b"|".join(_escape_bytes(a) for a in step) + b")"  # noqa: E731
-    if not _is_common(best, rx.caseless) or len(steps) < 2:
-        return group(best), rx.caseless
-    longest = sorted(steps, key=lambda s: -min(len(a) for a in s))[:2]
-    ordered = [s for s in steps if s in longest]
-    return b".*".join(group(s) for s in ordered), rx.caseless
-
-
-def _is_common(step: tuple[str, ...], caseless: bool) -> bool:
-    alts = [a.lower() for a in step] if caseless else list(step)
-    return any(a.strip() in w or w in a.strip() and len(a.strip()) < len(w) + 6
-               for a in alts for w in _COMMON_IN_LOGS)
-
-
-def _escape_bytes(lit: str) -> bytes:
-    """A literal as a Hyperscan expression (every non-alphanumeric byte as \\xHH)."""
-    return "".join(c if c.isascii() and c.isalnum() else "".join(f"\\x{b:02x}" for b in c.encode())
-                   for c in lit).encode("ascii")
-
-
 def _clip(text: str) -> str:
     text = text.strip()
     return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 1] + "…"
@@ -432,16 +312,6 @@ def _traceback_of(line: LogLine, tracebacks: list[Traceback], tb_starts: list[in
                 and (t.stream == line.stream or t.stream is None or line.stream is None)):
             return j
     return None
-
-
-def _apply_supersedes(findings: list[Finding], rules: dict[str, Rule]) -> list[Finding]:
-    present = {f.rule for f in findings}
-    dropped: set[str] = set()
-    for f in findings:
-        for other in (rules[f.rule].supersedes if f.rule in rules else []):
-            if other in present and other != f.rule:
-                dropped.add(other)
-    return [f for f in findings if f.rule not in dropped]
 
 
 def _chain_root(i: int, tracebacks: list[Traceback]) -> tuple[int, int]:

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-_FORMAT = 8
+_FORMAT = 9
 # kept in a second file, read only when a finding or a rule page needs them
 _DOC_KEYS = ("doc", "example", "near_miss", "explanation", "fixes", "references", "summary", "versions")
 
@@ -64,7 +64,7 @@ def _stamp() -> str:
 
     here = os.path.dirname(os.path.realpath(__file__))
     parts = [f"v{_FORMAT}", __version__, sys.version.split()[0]]
-    for name in ("patterns.py", "rules.py"):
+    for name in ("patterns.py", "loader.py", "rule.py", "facts.py"):
         try:
             st = os.stat(os.path.join(here, name))
             parts.append(f"{st.st_mtime_ns}:{st.st_size}")
@@ -76,7 +76,7 @@ def _stamp() -> str:
 class RuleCache:
     def __init__(self, path: _Dir | None):
         self.path = path
-        self.entries: dict[str, tuple[int, int, dict[str, Any], list[str], dict[str, Any]]] = {}
+        self.entries: dict[str, tuple[int, int, dict[str, Any], dict[str, Any], bool]] = {}
         self.dirty = False
         self.stamp = _stamp() if path is not None else ""
         self._docs: dict[str, dict[str, Any]] | None = None
@@ -108,21 +108,24 @@ class RuleCache:
             return self._new_docs[key]
         docs = self._load_docs_file()
         if key not in docs:  # the docs file is gone or stale: read the rule again
-            from .rules import _read_toml
+            from .loader import _read_toml
 
             data = _read_toml(file)
             return {k: data[k] for k in _DOC_KEYS if k in data}
         return docs[key]
 
-    def lookup(self, file: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], dict[str, list]] | None:
-        """The cached rule of `file` (see rules.cache_form), if made from this mtime and size."""
+    def lookup(self, file: str, mtime_ns: int, size: int,
+               checked: bool = False) -> tuple[dict[str, Any], dict[str, list]] | None:
+        """The cached rule of `file` (see loader.cache_form), if made from this mtime and
+        size; with `checked`, only one whose placeholders were checked against the fact
+        vocabulary when it was parsed."""
         entry = self.entries.get(os.path.abspath(file))
-        if entry is None or (mtime_ns, size) != (entry[0], entry[1]):
+        if entry is None or (mtime_ns, size) != (entry[0], entry[1]) or (checked and not entry[4]):
             return None
         return entry[2], entry[3]
 
     def store(self, file: str, mtime_ns: int, size: int, data: dict[str, Any], kw: dict[str, Any],
-              pats: dict[str, list]) -> None:
+              pats: dict[str, list], checked: bool = False) -> None:
         if self.path is None:
             return
         docs = {k: data[k] for k in _DOC_KEYS if k in data}
@@ -131,7 +134,7 @@ class RuleCache:
         except ValueError:
             return
         key = os.path.abspath(file)
-        self.entries[key] = (mtime_ns, size, kw, pats)
+        self.entries[key] = (mtime_ns, size, kw, pats, checked)
         self._new_docs[key] = docs
         self.dirty = True
 

@@ -1,30 +1,43 @@
 """Rules test themselves (semgrep's `--test`, for mpdoctor).
 
-Every log rule's `[[example]]` must make that rule the top finding, with the facts it
-lists; every `[[near_miss]]` must not make the rule fire at all. Environment rules'
-examples are snapshots: the rule must fire on an example and stay silent on a near
-miss. Examples run against the whole rule set, as a user's log would.
+Every rule's `[[example]]` must make that rule fire with the facts it lists (a log
+rule: the top finding of its example log); every `[[near_miss]]` must not make it fire
+at all. Examples run against the whole rule set, as a user's evidence would.
+
+And every sentence a rule can say is said by at least one of its examples: each title,
+explanation and fix template renders on the facts of some example's finding, unless the
+rule's `[unrendered]` table says why no example can show it. A sentence nobody has seen
+rendered is a sentence nobody has read.
+
+The engine knows no face: how an example of each kind is judged (log text through the
+explain path, a snapshot through the env rules, a run's events, a probe's measurements)
+is handed in as `runners` (mpdoctor.rulebase.case_runners()).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from pathlib import Path
-from typing import Callable
 
-from .rules import Example, Rule
+from ..findings import Finding
+from .rule import Example, Rule
+from .template import render
 
 
 @dataclass
 class CaseResult:
     rule: str
-    kind: str  # "example" | "near_miss"
+    kind: str  # "example" | "near_miss" | "sentence"
     index: int
     ok: bool
     message: str = ""
+
+
+# (rule, example, all rules) -> the findings the example's evidence produces, ranked
+CaseRunner = Callable[[Rule, Example, "list[Rule]"], "list[Finding]"]
 
 
 def example_path(rule: Rule, name: str) -> "Path":
@@ -54,59 +67,71 @@ def facts_problems(expected: dict, actual: dict) -> list[str]:
     return problems
 
 
-_facts_problems = facts_problems  # the old private name, for callers not yet moved
-
-
-def _log_case(rule: Rule, ex: Example, positive: bool, rules: list[Rule]) -> tuple[bool, str]:
-    from ..explain import explain_text
-
-    try:
-        text = example_text(rule, ex)
-    except OSError as exc:
-        return False, f"cannot read example file {ex.file}: {exc.strerror}"
-    report = explain_text(text, rules)
-    ids = [f.rule for f in report.findings]
+def _judge_case(rule: Rule, ex: Example, positive: bool, findings: list[Finding]) -> tuple[bool, str, Finding | None]:
+    ids = [f.rule for f in findings]
     if positive:
-        if not ids:
-            return False, "no finding at all (expected this rule first)"
-        if ids[0] != rule.id:
-            where = f"found at position {ids.index(rule.id) + 1}" if rule.id in ids else "did not fire"
-            return False, f"top finding is {ids[0]!r}; this rule {where}"
-        problems = facts_problems(ex.facts, report.findings[0].facts)
-        if problems:
-            return False, "; ".join(problems)
-        return True, ""
+        if rule.id not in ids:
+            return False, ("no finding at all" if not ids else f"did not fire (found: {', '.join(ids[:4])})"), None
+        mine = findings[ids.index(rule.id)]
+        # a log example must make its rule the root cause; evidence examples judge one rule
+        if rule.kind == "log" and ids[0] != rule.id:
+            return False, f"top finding is {ids[0]!r}; this rule is at position {ids.index(rule.id) + 1}", mine
+        problems = facts_problems(ex.facts, mine.facts)
+        return (not problems), "; ".join(problems), mine
     if rule.id in ids:
-        return False, "fired on a near miss"
-    return True, ""
+        return False, "fired on a near miss", None
+    return True, "", None
 
 
-# Environment rules are judged by the env package; it registers its case runner here
-# so that this module stays free of any collector import.
-EnvCaseRunner = Callable[[Rule, Example, bool, list[Rule]], "tuple[bool, str]"]
-ENV_CASE_RUNNER: list[EnvCaseRunner] = []
+def _sentences(rule: Rule) -> list[tuple[str, str]]:
+    out = [(f"title.{i}", t) for i, t in enumerate(rule.titles, 1)]
+    out += [(f"explanation.{i}", t) for i, t in enumerate(rule.explanation, 1)]
+    out += [(f"fixes.{i}", t) for i, t in enumerate(rule.fixes, 1)]
+    return out
 
 
-def _env_case(rule: Rule, ex: Example, positive: bool, rules: list[Rule]) -> tuple[bool, str]:
-    if not ENV_CASE_RUNNER:
-        try:
-            from ..env import judge  # noqa: F401  (registers the runner)
-        except ImportError as exc:
-            return False, f"environment rules cannot be tested: {exc}"
-    if not ENV_CASE_RUNNER:
-        return False, "environment rules cannot be tested: no case runner registered"
-    return ENV_CASE_RUNNER[0](rule, ex, positive, rules)
+def unrendered_sentences(rule: Rule, seen: list[Finding]) -> list[str]:
+    """The keys ("fixes.2") of the rule's sentences no example finding renders and the
+    rule does not excuse in `[unrendered]`."""
+    facts = [f.all_facts if f.all_facts is not None else f.facts for f in seen]
+    missing = []
+    for key, template in _sentences(rule):
+        if key in rule.unrendered:
+            continue
+        if not any(render(template, fs) is not None for fs in facts):
+            missing.append(key)
+    return missing
 
 
-def run_selftest(rules: list[Rule], only: list[Rule] | None = None) -> list[CaseResult]:
+def run_selftest(rules: list[Rule], runners: dict[str, CaseRunner], only: list[Rule] | None = None,
+                 sentences: bool = True) -> list[CaseResult]:
     results: list[CaseResult] = []
     for rule in only if only is not None else rules:
-        runner = _log_case if rule.kind == "log" else _env_case
+        runner = runners.get(rule.kind)
+        seen: list[Finding] = []
         for kind, cases, positive in (("example", rule.examples, True), ("near_miss", rule.near_misses, False)):
             for i, ex in enumerate(cases):
+                if runner is None:
+                    results.append(CaseResult(rule.id, kind, i, False, f"no way to test {rule.kind} rules here"))
+                    continue
                 try:
-                    ok, msg = runner(rule, ex, positive, rules)
+                    ok, msg, finding = _judge_case(rule, ex, positive, runner(rule, ex, rules))
                 except Exception as exc:  # a broken case is a failure, not a crash
-                    ok, msg = False, f"{type(exc).__name__}: {exc}"
+                    ok, msg, finding = False, f"{type(exc).__name__}: {exc}", None
+                if finding is not None:
+                    seen.append(finding)
                 results.append(CaseResult(rule.id, kind, i, ok, msg))
+        if sentences and runner is not None:
+            missing = unrendered_sentences(rule, seen)
+            results.append(CaseResult(
+                rule.id, "sentence", 0, not missing,
+                "" if not missing else
+                f"no example renders {', '.join(missing)}: add an example whose evidence has the facts, "
+                "or say why none can under [unrendered]"))
     return results
+
+
+def case_summary(results: list[CaseResult]) -> dict[str, Any]:
+    failed = [r for r in results if not r.ok]
+    return {"rules": len({r.rule for r in results}), "cases": len([r for r in results if r.kind != "sentence"]),
+            "failed": failed}

@@ -1,24 +1,21 @@
 """Apply the environment rules to a snapshot: findings, the checklist, the plan.
 
-The rules' text lives in rules/env/*.toml; their logic in predicates.py. This module
-joins the two, ranks the findings with the same model as `explain`, and lays out the
-checklist (one line per area) that `mpdoctor check` prints. Importing it registers the
-case runner that `mpdoctor rules test` uses for environment rules.
+The rules' text lives in rules/env/*.toml; their logic in predicates.py; engine.judge
+joins the two. This module ranks the findings with the same model as `explain`, and
+lays out the checklist (one line per area) that `mpdoctor check` prints.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
-from ..engine.rules import Rule, RuleError, load_rules
-from ..engine.selftest import ENV_CASE_RUNNER, Example, example_path, facts_problems
-from ..engine.template import render, render_all, render_paragraph
-from ..findings import Evidence, Finding, Report, rank_findings
+from ..engine.judge import RuleOutcome, UnknownCheck, checks_in, judge_rules
+from ..engine.rule import Rule
+from ..findings import Finding, Report, rank_findings
 from ..knowledge import compat
+from . import predicates
 from .plan import MODES, build_plan, fp8_matrix, what_runs
-from .predicates import PREDICATES, Hit, Skip, gib
+from .predicates import gib
 from .view import EnvView
 
 # Checklist areas, in the order a person reads them; a rule lands in its area by
@@ -43,7 +40,6 @@ CATEGORY_AREA = {
 RULE_AREA = {"torch-import-missing-library": "torch", "torch-import-fails": "torch",
              "cuda-visible-devices-invalid": "accelerate"}
 PRECISION_CATEGORIES = {"bf16-unsupported", "fp16-unsupported-device", "fp8-unsupported"}
-_HOLE = re.compile(r"\{[^{}]*\}")
 
 
 class EnvRuleError(ValueError):
@@ -54,71 +50,37 @@ def area_of(rule: Rule) -> str:
     return RULE_AREA.get(rule.id) or CATEGORY_AREA.get(rule.category, "accelerate")
 
 
-def _title(rule: Rule, facts: dict[str, Any]) -> str:
-    return render(rule.title, facts) or _HOLE.sub("…", rule.title)
+_CHECKS: dict[str, Any] | None = None
 
 
-def _fmt(value: Any) -> str:
-    return "(not set)" if value is None else str(value)
+def env_checks() -> dict[str, Any]:
+    global _CHECKS
+    if _CHECKS is None:
+        _CHECKS = checks_in(predicates)
+    return _CHECKS
 
 
-def _finding(rule: Rule, hit: Hit) -> Finding:
-    facts = {k: v for k, v in hit.facts.items() if v not in (None, "")}
-    return Finding(
-        rule=rule.id, category=rule.category, severity=rule.severity, title=_title(rule, facts),
-        explanation=render_paragraph(rule.explanation, facts), fixes=render_all(rule.fixes, facts),
-        evidence=[Evidence(text=f"{_fmt(val)}", line=None, source=path) for path, val in hit.evidence],
-        facts=facts, references=list(rule.references), priority=rule.priority, consequence=rule.consequence)
-
-
-@dataclass
-class RuleOutcome:
-    rule: Rule
-    findings: list[Finding]
-    skipped: str | None = None
-
-
-def run_rules(view: EnvView, rules: list[Rule]) -> list[RuleOutcome]:
-    outcomes = []
-    for rule in rules:
-        fn = PREDICATES.get(rule.check or "")
-        if fn is None:
-            raise EnvRuleError(f"{rule.path}: rule {rule.id!r} names check {rule.check!r}, which is not one of "
-                               f"mpdoctor's ({', '.join(sorted(PREDICATES))})")
-        try:
-            result = fn(view)
-        except Exception as exc:  # a predicate bug on an odd snapshot: say so, do not crash
-            outcomes.append(RuleOutcome(rule, [], f"could not be judged ({type(exc).__name__}: {exc})"))
-            continue
-        if isinstance(result, Skip):
-            outcomes.append(RuleOutcome(rule, [], result.reason))
-            continue
-        merged: dict[str, Finding] = {}
-        for hit in result:
-            f = _finding(rule, hit)
-            if f.title in merged:  # eight identical V100s are one finding, ×8
-                m = merged[f.title]
-                m.count += 1
-                m.evidence.extend(e for e in f.evidence if e.to_dict() not in [x.to_dict() for x in m.evidence])
-            else:
-                merged[f.title] = f
-        outcomes.append(RuleOutcome(rule, list(merged.values())))
-    fired = {o.rule.id for o in outcomes if o.findings}
-    dropped = {s for o in outcomes if o.findings for s in o.rule.supersedes}
-    for o in outcomes:
-        if o.rule.id in dropped and o.rule.id in fired:
-            o.findings = []
-    return outcomes
+def run_rules(view: EnvView, rules: list[Rule], observed: dict[str, Any] | None = None) -> list[RuleOutcome]:
+    """Every env rule's check over the view; `observed`: facts another face saw (a
+    run's first matmul dtype) for the rules' templates."""
+    try:
+        return judge_rules(view, rules, env_checks(), observed)
+    except UnknownCheck as exc:
+        raise EnvRuleError(str(exc)) from None
 
 
 def env_rules(rules: list[Rule] | None = None) -> list[Rule]:
-    rules = load_rules() if rules is None else rules
+    if rules is None:
+        from ..rulebase import load
+
+        rules = load()
     return [r for r in rules if r.kind == "env"]
 
 
-def make_view(snapshot: dict[str, Any], mixed_precision: str | None = None) -> EnvView:
+def make_view(snapshot: dict[str, Any], mixed_precision: str | None = None,
+              requested_from: str = "--mixed-precision") -> EnvView:
     view = EnvView(snapshot)
-    view.plan = build_plan(view, mixed_precision)
+    view.plan = build_plan(view, mixed_precision, requested_from)
     view.requested = view.plan.requested
     return view
 
@@ -304,12 +266,18 @@ def _checklist(view: EnvView, outcomes: list[RuleOutcome], modes: list[dict[str,
 
 
 def judge(snapshot: dict[str, Any], *, mixed_precision: str | None = None, rules: list[Rule] | None = None,
-          source: str = "live") -> Report:
+          source: str = "live", observed: dict[str, Any] | None = None,
+          requested_from: str = "--mixed-precision") -> Report:
     """The environment report: ranked findings, and in `extra` the checklist, the
-    precision plan, the per-mode verdicts and the fp8 matrix."""
+    precision plan, the per-mode verdicts and the fp8 matrix.
+
+    `observed`: what another face saw this environment do (a run's first matmul
+    dtype), for the rules' templates; `requested_from`: who asked for
+    `mixed_precision` (check's option, or a run's Accelerator)."""
     rules_env = env_rules(rules)
-    view = make_view(snapshot, mixed_precision)
-    outcomes = run_rules(view, rules_env)
+    view = make_view(snapshot, mixed_precision, requested_from)
+    view.observed = dict(observed or {})
+    outcomes = run_rules(view, rules_env, observed)
     findings = rank_findings([f for o in outcomes for f in o.findings])
     modes = mode_verdicts(snapshot, rules_env, view.plan) if view.requested is None else []
     matrix = fp8_matrix(view)
@@ -328,32 +296,8 @@ def judge(snapshot: dict[str, Any], *, mixed_precision: str | None = None, rules
 
 # --- rule self-tests (mpdoctor rules test) --------------------------------------------------------
 
-def _env_case(rule: Rule, ex: Example, positive: bool, rules: list[Rule]) -> tuple[bool, str]:
+def snapshot_case(path: str, rules: list[Rule]) -> list[Finding]:
+    """How `rules test` judges an env rule's snapshot example: as `check --snapshot`."""
     from .snapshot import read_snapshot_file
-    from . import SnapshotError
 
-    if not ex.snapshot:
-        return False, "an environment rule's example needs `snapshot = \"fixtures/snapshots/...json\"`"
-    path = example_path(rule, ex.snapshot)
-    try:
-        snap = read_snapshot_file(str(path))
-    except SnapshotError as exc:
-        return False, str(exc)
-    try:
-        report = judge(snap, rules=rules, source=str(path))
-    except (EnvRuleError, RuleError) as exc:
-        return False, str(exc)
-    fired = [f for f in report.findings if f.rule == rule.id]
-    if positive:
-        if not fired:
-            skipped = next((s["reason"] for s in report.extra["skipped"] if s["rule"] == rule.id), None)
-            return False, f"did not fire on {ex.snapshot}" + (f" (skipped: {skipped})" if skipped else "")
-        problems = facts_problems(ex.facts, fired[0].facts)
-        return (not problems), "; ".join(problems)
-    if fired:
-        return False, f"fired on the near miss {ex.snapshot}: {fired[0].title}"
-    return True, ""
-
-
-if _env_case not in ENV_CASE_RUNNER:
-    ENV_CASE_RUNNER.append(_env_case)
+    return judge(read_snapshot_file(path), rules=rules, source=path).findings

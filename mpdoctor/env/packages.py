@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from ..knowledge.versions import normalise_name, parse_requirement
+from ..knowledge.versions import normalise_name, parse_requires_dist
 
 TRACKED = (
     "torch", "torchvision", "torchaudio", "triton", "numpy",
@@ -89,7 +89,7 @@ def _requires(path: str) -> list[str]:
         if not line.startswith("Requires-Dist:"):
             continue
         req = line.split(":", 1)[1].strip()
-        parsed = parse_requirement(req)
+        parsed = parse_requires_dist(req)
         # A bare name ("peft; extra == 'dev'") constrains nothing: keep only specifiers.
         if parsed and parsed[1] and (parsed[0] in _RELEVANT_DEPS or parsed[0].startswith("nvidia-")):
             if (parsed[0], parsed[1]) not in seen:  # the same pin repeats under every extra

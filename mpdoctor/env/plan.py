@@ -15,12 +15,21 @@ _DS_TRUE = ("true", "1", "yes")
 
 
 def normalise_mode(value: Any) -> str | None:
-    """The accelerate spelling of a precision value; YAML's unquoted `no` is False."""
+    """A config file's precision value as `accelerate launch` uses it: lower-cased
+    (launch does `PrecisionType(value.lower())`); YAML's unquoted `no` is False."""
     if value is None:
         return None
     if value is False:
         return "no"
     return str(value).strip().lower()
+
+
+def env_mode(value: Any) -> str | None:
+    """ACCELERATE_MIXED_PRECISION as `Accelerator()` reads it: as written. accelerate
+    compares it case-sensitively (accelerate 1.16: 'BF16' is kept, and no autocast runs)."""
+    if value is None:
+        return None
+    return str(value).strip() or None
 
 
 @dataclass
@@ -97,17 +106,20 @@ def uses_fsdp(view: Any) -> bool:
             or _flag(view.env.get("ACCELERATE_USE_FSDP", "")) in _DS_TRUE)
 
 
-def build_plan(view: Any, argument: str | None = None) -> PrecisionPlan:
+def build_plan(view: Any, argument: str | None = None, argument_from: str = "--mixed-precision") -> PrecisionPlan:
+    """`argument`: the precision asked for directly (check's --mixed-precision, or the
+    Accelerator a run recorded; `argument_from` names which)."""
     cfg = view.config
     sources: list[Source] = []
     if argument:
-        sources.append(Source("--mixed-precision", argument, "argument", "this check"))
+        sources.append(Source(argument_from, argument, "argument",
+                              "this check" if argument_from == "--mixed-precision" else "this run"))
     cfg_mp = None
     if cfg is not None and "mixed_precision" in cfg and cfg["mixed_precision"] is not None:
         cfg_mp = normalise_mode(cfg["mixed_precision"])
         sources.append(Source(f"accelerate config file ({view.config_section.get('path')})", cfg_mp,
                               "accelerate_config.config.mixed_precision", "accelerate launch"))
-    env_mp = normalise_mode(view.env.get("ACCELERATE_MIXED_PRECISION")) or None
+    env_mp = env_mode(view.env.get("ACCELERATE_MIXED_PRECISION"))
     if env_mp:
         sources.append(Source("ACCELERATE_MIXED_PRECISION", env_mp, "env.ACCELERATE_MIXED_PRECISION",
                               "python train.py (accelerate launch overwrites it)"))
@@ -128,7 +140,7 @@ def build_plan(view: Any, argument: str | None = None) -> PrecisionPlan:
     under_launch = argument or cfg_mp or ("no" if cfg is not None else None)
     under_python = env_mp or "no"
     if argument:
-        requested, requested_from = argument, "--mixed-precision"
+        requested, requested_from = argument, argument_from
     elif cfg_mp:
         requested, requested_from = cfg_mp, "accelerate config file"
     elif env_mp:
@@ -145,7 +157,7 @@ def build_plan(view: Any, argument: str | None = None) -> PrecisionPlan:
                         f"`python train.py` uses the variable's {env_mp}"))
     if argument and cfg_mp and argument != cfg_mp:
         disagreements.append(Disagreement(
-            "--mixed-precision", argument, "accelerate config file", cfg_mp,
+            argument_from, argument, "accelerate config file", cfg_mp,
             winner="--mixed-precision (for this check only)",
             consequence=f"this check judges {argument}; `accelerate launch` with this config will train in {cfg_mp}"))
     if ds_mode in ("fp16", "bf16", "both"):

@@ -10,40 +10,64 @@ snapshot fields it rests on.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable
+
+from ..engine.judge import Hit, Result, Skip, check
 
 from ..knowledge import compat
 from .plan import MODES, fp8_matrix, uses_deepspeed
-from ..knowledge.versions import compare, parse_requirement, release, satisfies
+from ..knowledge.units import GIB, gib
+from ..knowledge.versions import (compare, cuda_int_to_str, cudnn_version, parse_requires_dist, release,
+                                   satisfies)
 from .view import EnvView, Gpu, parse_visible_devices
 
-GiB = 1024 ** 3
 
 
-@dataclass
-class Hit:
-    facts: dict[str, Any] = field(default_factory=dict)
-    evidence: list[tuple[str, Any]] = field(default_factory=list)  # (snapshot path, value)
-
-
-@dataclass
-class Skip:
-    reason: str
-
-
-Result = Union[list[Hit], Skip]
 Predicate = Callable[[EnvView], Result]
-PREDICATES: dict[str, Predicate] = {}
+# check name -> the facts it produces (what its rule's templates may use)
+FACTS: dict[str, tuple[str, ...]] = {
+    "accelerate_config_unreadable": ("path", "problem"),
+    "accelerate_torch_mismatch": ("accelerate", "spec", "torch_version", "where"),
+    "alloc_conf_malformed": ("problems", "value", "variable"),
+    "alloc_conf_unknown_key": ("keys", "value", "variable"),
+    "bf16_below_sm80": ("arch", "bf16_reported", "capability", "fp16_ok", "gpu", "gpu_index", "gpu_name", "memory", "refused", "sm", "torch_version"),
+    "bf16_cpu_not_native": ("cpu", "isa", "onednn_bf16"),
+    "config_needs_launch": ("path", "value"),
+    "cpu_torch_with_gpu": ("builds", "count", "driver", "driver_cuda", "gpus_seen", "torch_version"),
+    "cuda_visible_devices_invalid": ("count", "invalid", "shown", "value"),
+    "cudnn_mismatch": ("detail", "pin", "wheel", "wheel_name"),
+    "deepspeed_config_missing": ("path", "problem"),
+    "deepspeed_overrides": ("consequence", "first_value", "second_value"),
+    "deepspeed_precision_conflict": ("consequence", "ds_path", "first", "first_value", "second_value"),
+    "driver_minor_compat": ("cuda_build", "driver", "driver_cuda", "toolkit_min"),
+    "driver_too_old": ("cuda_build", "driver", "driver_cuda", "floor", "gpu", "gpu_last_branch", "toolkit_min", "torch_version"),
+    "flash_attn_old_gpu": ("arch", "capability", "flash_attn", "gpu", "gpu_index", "gpu_name", "memory", "sm"),
+    "fp16_on_cpu": ("accelerate", "gpus_seen", "source", "torch_version", "why_cpu"),
+    "fp16_slower_than_fp32": ("arch", "capability", "fp16_rate", "gpu", "gpu_index", "gpu_name", "memory", "sm"),
+    "fp8_no_backend": ("accelerate", "cuda_build", "installed", "reasons"),
+    "fp8_unsupported_hardware": ("arch", "capability", "device", "fallback", "gpu", "gpu_index", "gpu_name", "memory", "sm", "what"),
+    "gpu_ecc_errors": ("errors", "gpu"),
+    "gpu_memory_held": ("basis", "free", "gpu", "held", "share", "total", "who"),
+    "host_memory_low": ("available", "share", "total"),
+    "library_requirement_unmet": ("dependency", "installed", "package", "package_version", "spec"),
+    "mixed_precision_unknown": ("outcome", "source", "under", "value", "meant"),
+    "mps_precision_refused": ("accelerate", "detail", "macos", "mode", "torch_version"),
+    "multi_gpu_one_gpu": ("num_processes", "visible"),
+    "no_kernel_image": ("arch", "arch_list", "builds", "capability", "gpu", "gpu_index", "gpu_name", "memory", "removed_in", "sm", "torch_version"),
+    "num_processes_exceeds_gpus": ("cvd", "distributed_type", "machines", "num_processes", "visible"),
+    "nvidia_wheel_pin_mismatch": ("installed", "pin", "torch_version", "wheel_name"),
+    "precision_sources_disagree": ("consequence", "first", "first_value", "second", "second_value"),
+    "ptx_only": ("arch", "arch_list", "builds", "capability", "gpu", "gpu_index", "gpu_name", "memory", "ptx", "sm"),
+    "torch_import_missing_library": ("exception", "library", "message", "pin", "torch_version", "wheel_name", "wheel_state"),
+    "torch_unusable": ("exception", "message", "status", "stderr", "torch_version"),
+}
 
 
 def predicate(fn: Predicate) -> Predicate:
-    PREDICATES[fn.__name__] = fn
-    return fn
+    """An environment check (engine.judge.check); its facts are declared in FACTS below."""
+    return check(facts=FACTS.get(fn.__name__, ()))(fn)
 
 
-def gib(n: int | float | None) -> str | None:
-    return None if n is None else f"{n / GiB:.1f} GiB"
 
 
 def _gpu_facts(g: Gpu) -> dict[str, Any]:
@@ -79,7 +103,7 @@ def _requested_evidence(v: EnvView) -> list[tuple[str, Any]]:
     for s in v.plan.sources:
         if s.value == v.requested and s.path != "argument":
             return [(s.path, s.value)]
-    return [("--mixed-precision", v.requested)] if v.plan.requested_from == "--mixed-precision" else []
+    return [(v.plan.requested_from, v.requested)] if v.plan.requested_from else []
 
 
 # --- precision vs hardware -------------------------------------------------------------
@@ -121,6 +145,8 @@ def fp16_on_cpu(v: EnvView) -> Result:
         return s
     if v.device != "cpu":
         return []
+    if v.observed.get("observed_dtype") == "float16":
+        return []  # the run autocast in float16 itself (torch.autocast): accelerate was not in the way
     facts: dict[str, Any] = {"accelerate": v.accelerate, "torch_version": v.torch_version}
     ev = _requested_evidence(v)
     if v.use_cpu:
@@ -269,9 +295,9 @@ def _build_cuda(v: EnvView) -> tuple[str | None, str]:
     """The CUDA version torch is built with: from torch, else from the wheel's +cuXYZ tag."""
     if v.torch_ok and v.torch.get("cuda_build"):
         return v.torch["cuda_build"], "torch.cuda_build"
-    tag = re.search(r"\+cu(\d+)(\d)$", str(v.pkg("torch") or ""))
+    tag = re.search(r"\+cu(\d{2,3})$", str(v.pkg("torch") or ""))
     if tag:
-        return f"{tag.group(1)}.{tag.group(2)}", "packages.versions.torch"
+        return cuda_int_to_str(tag.group(1)), "packages.versions.torch"
     return None, ""
 
 
@@ -421,7 +447,7 @@ def accelerate_torch_mismatch(v: EnvView) -> Result:
         return Skip("torch is not installed")
     spec, where = None, ""
     for line in v.requires("accelerate"):
-        parsed = parse_requirement(line)
+        parsed = parse_requires_dist(line)
         if parsed and parsed[0] == "torch" and not parsed[2]:
             spec, where = parsed[1], "packages.requires.accelerate"
     if spec is None:
@@ -442,7 +468,7 @@ def library_requirement_unmet(v: EnvView) -> Result:
         if pkg in ("accelerate", "torch"):
             continue  # accelerate->torch has its own rule; torch's pins are the nvidia-* rule's
         for line in lines:
-            parsed = parse_requirement(line)
+            parsed = parse_requires_dist(line)
             if not parsed:
                 continue
             dep, spec, marker = parsed
@@ -463,7 +489,7 @@ def library_requirement_unmet(v: EnvView) -> Result:
 def _torch_pins(v: EnvView) -> dict[str, str]:
     pins = {}
     for line in v.requires("torch"):
-        parsed = parse_requirement(line)
+        parsed = parse_requires_dist(line)
         if parsed and parsed[0].startswith("nvidia-") and parsed[1].startswith("=="):
             pins[parsed[0]] = parsed[1][2:]
     return pins
@@ -483,8 +509,7 @@ def cudnn_mismatch(v: EnvView) -> Result:
         hits.append(Hit({"detail": err, "wheel": wheel, "wheel_name": wheel_name},
                         [("torch.errors.cudnn", err)]))
     elif runtime and wheel:
-        rt = (int(runtime) // 10000, (int(runtime) % 10000) // 100) if int(runtime) >= 10000 else \
-             (int(runtime) // 1000, (int(runtime) % 1000) // 100)
+        rt = (release(cudnn_version(runtime)) or (0, 0))[:2]
         wr = (release(wheel) or (0, 0))[:2]
         if tuple(wr) != rt:
             hits.append(Hit({"detail": f"torch loaded cuDNN {rt[0]}.{rt[1]} but {wheel_name} {wheel} is installed",
@@ -603,11 +628,13 @@ def mixed_precision_unknown(v: EnvView) -> Result:
                          "outcome": "refuses to start (Unknown mixed_precision mode)"},
                         [("accelerate_config.config.mixed_precision", value)]))
     env = v.env.get("ACCELERATE_MIXED_PRECISION")
-    if env is not None and env.strip().lower() not in MODES:
-        hits.append(Hit({"value": env, "source": "ACCELERATE_MIXED_PRECISION",
-                         "under": "python train.py with Accelerator()",
-                         "outcome": "accepts it without an error and trains in fp32 (measured with accelerate 1.16)"},
-                        [("env.ACCELERATE_MIXED_PRECISION", env)]))
+    if env is not None and env.strip() not in MODES:
+        facts = {"value": env, "source": "ACCELERATE_MIXED_PRECISION",
+                 "under": "python train.py with Accelerator()",
+                 "outcome": "accepts it without an error and trains in fp32 (measured with accelerate 1.16)"}
+        if env.strip().lower() in MODES:  # 'BF16': right word, wrong case
+            facts["meant"] = env.strip().lower()
+        hits.append(Hit(facts, [("env.ACCELERATE_MIXED_PRECISION", env)]))
     return hits
 
 
@@ -843,7 +870,7 @@ def host_memory_low(v: EnvView) -> Result:
     total, avail = mem.get("total_bytes"), mem.get("available_bytes")
     if not total or avail is None:
         return Skip("host memory is not in the snapshot")
-    if avail >= 0.10 * total and avail >= 2 * GiB:
+    if avail >= 0.10 * total and avail >= 2 * GIB:
         return []
     return [Hit({"available": gib(avail), "total": gib(total), "share": f"{avail / total:.0%}"},
                 [("memory.available_bytes", gib(avail))])]

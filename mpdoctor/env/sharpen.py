@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from ..findings import Evidence, Finding, Report
-from .predicates import gib
+from ..knowledge.units import gib
 
 # Which environment categories can explain a log finding of a category.
 RELATED: dict[str, set[str]] = {

@@ -74,7 +74,10 @@ def _device(torch: Any, i: int, emulation_arg: bool) -> dict[str, Any]:
     return d
 
 
-def collect() -> dict[str, Any]:
+def collect(in_process: bool = False) -> dict[str, Any]:
+    """torch as the snapshot needs it. `in_process`: called inside a training process
+    (torch already imported): GPU properties only where CUDA is already initialised,
+    so that reading them creates no CUDA context the training did not ask for."""
     out: dict[str, Any] = {"status": "ok"}
     caught: list[warnings.WarningMessage] = []
     with warnings.catch_warnings(record=True) as caught:
@@ -109,6 +112,9 @@ def collect() -> dict[str, Any]:
             emulation_arg = False
         out["bf16_has_including_emulation"] = emulation_arg
         devices = []
+        if available and in_process and not torch.cuda.is_initialized():
+            out["devices_unread"] = "CUDA was not initialised by the run"
+            available = False
         if available:
             for i in range(count):
                 try:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..knowledge.signals import signal_name
 
 CHILD = Path(__file__).with_name("torch_child.py")
 DEFAULT_TIMEOUT = 60.0
@@ -64,11 +65,8 @@ class TorchChild:
             data = None
         if not isinstance(data, dict):
             if rc is not None and rc < 0:
-                try:
-                    what = signal.Signals(-rc).name
-                except ValueError:
-                    what = f"signal {-rc}"
-                error = {"type": "Crash", "message": f"the Python process examining torch was killed by {what}"}
+                error = {"type": "Crash",
+                         "message": f"the Python process examining torch was killed by {signal_name(-rc)}"}
             else:
                 error = {"type": "Crash", "message": f"the Python process examining torch exited with status {rc} "
                          "without an answer"}

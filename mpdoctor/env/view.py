@@ -13,7 +13,7 @@ from typing import Any
 
 from ..knowledge import compat
 from ..knowledge.compat import Capability, parse_cc
-from ..knowledge.versions import release
+from ..knowledge.versions import at_least
 
 
 @dataclass
@@ -106,6 +106,8 @@ class EnvView:
     snap: dict[str, Any]
     requested: str | None = None
     plan: Any = None  # plan.PrecisionPlan, set by judge()
+    # what a run or the probe saw this environment do (observed_dtype, ...), when judged there
+    observed: dict[str, Any] = field(default_factory=dict)
     gpus: list[Gpu] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -255,9 +257,4 @@ class EnvView:
         return [g for g in self.gpus if g.vendor == "nvidia" and g.torch_sees and g.cc]
 
     def torch_at_least(self, version: str) -> bool | None:
-        r = release(self.torch_version)
-        w = release(version)
-        if r is None or w is None:
-            return None
-        n = max(len(r), len(w))
-        return r + (0,) * (n - len(r)) >= w + (0,) * (n - len(w))
+        return at_least(self.torch_version, version)

@@ -62,6 +62,9 @@ def _at_exit(w: Any) -> None:
         if exc is not None:
             sink.event("exit-exception", exception=f"{type(exc).__name__}: {exc}".split("\n")[0][:500],
                        step=w.step, time=time.time())
+        from ..env.inprocess import collect_in_process
+
+        sink.event("env", env=collect_in_process())
         sink.snapshot(w.snapshot())
         sink.event("exit", step=w.step, uncaught=exc is not None)
         sink.close()

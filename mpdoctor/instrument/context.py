@@ -1,36 +1,17 @@
-"""Details gathered only when something went wrong: memory at the moment of an OOM,
-the dtypes/devices around a failing forward. Slow paths; never on the hot path."""
+"""Details gathered only when something went wrong: the dtypes and devices around a
+failing forward, the autocast state, host and device memory at that moment. Slow paths;
+never on the hot path. Nothing here judges what went wrong: the raw exception and this
+context go to the parent, where the rule base explains them."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I)
-_HOST_OOM = re.compile(r"can't allocate memory|Cannot allocate memory|std::bad_alloc|MemoryError")
-_DTYPE = re.compile(r"dtype|scalar type|HalfTensor|BFloat16Tensor|FloatTensor and weight type \(torch\.\w*HalfTensor"
-                    r"|Half|BFloat16", re.I)
-_DEVICE = re.compile(r"same device|device type|cuda:\d and cpu|on the same device|Input type \(torch\.FloatTensor\) "
-                     r"and weight type \(torch\.cuda", re.I)
-
-
-def classify_error(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, MemoryError) or _HOST_OOM.search(text):
-        return "host-oom"
-    if _OOM.search(text):
-        return "oom"
-    if _DEVICE.search(text):
-        return "device"
-    if "not implemented for" in text and _DTYPE.search(text):
-        return "half-op"
-    if _DTYPE.search(text):
-        return "dtype"
-    return "other"
-
+from ..knowledge.dtypes import dtype_name
+from ..knowledge.units import gib
 
 def describe_tensor(t: Any) -> dict[str, Any]:
-    return {"dtype": str(t.dtype).replace("torch.", ""), "device": str(t.device), "shape": list(t.shape)}
+    return {"dtype": dtype_name(t.dtype), "device": str(t.device), "shape": list(t.shape)}
 
 
 def tensors_in(obj: Any, limit: int = 8) -> list[Any]:
@@ -59,7 +40,7 @@ def param_summary(module: Any) -> dict[str, int]:
     params = list(module.parameters(recurse=False)) or list(module.parameters())
     out: dict[str, int] = {}
     for p in params:
-        key = f"{str(p.dtype).replace('torch.', '')}@{p.device}"
+        key = f"{dtype_name(p.dtype)}@{p.device}"
         out[key] = out.get(key, 0) + 1
     return out
 
@@ -71,7 +52,7 @@ def autocast_state() -> dict[str, Any]:
     for dev in ("cpu", "cuda", "xpu", "mps"):
         try:
             if torch.is_autocast_enabled(dev):
-                state[dev] = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+                state[dev] = dtype_name(torch.get_autocast_dtype(dev))
         except Exception:  # a device type this build does not know
             continue
     return state
@@ -96,7 +77,7 @@ def host_memory() -> dict[str, Any]:
 
         out["maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     for key in list(out):
-        out[key.replace("_bytes", "")] = _human(out[key])
+        out[key.replace("_bytes", "")] = gib(out[key])
     return out
 
 
@@ -115,31 +96,10 @@ def device_memory() -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info(dev)
         out["free_bytes"], out["total_bytes"] = free, total
         for key in [k for k in out if k.endswith("_bytes")]:
-            out[key.replace("_bytes", "")] = _human(out[key])
+            out[key.replace("_bytes", "")] = gib(out[key])
         sizes = sorted((b["size"] for seg in torch.cuda.memory_snapshot() for b in seg.get("blocks", [])
                         if b.get("state") == "active_allocated"), reverse=True)[:5]
-        out["largest_allocations"] = [_human(s) for s in sizes]
+        out["largest_allocations"] = [gib(s) for s in sizes]
     except Exception as exc:  # the context is a bonus; a broken CUDA state must not hide the OOM
         out["error"] = f"{type(exc).__name__}: {exc}"[:200]
     return out
-
-
-def requested_bytes(text: str) -> int | None:
-    m = re.search(r"you tried to allocate (\d+) bytes", text)
-    if m:
-        return int(m.group(1))
-    m = re.search(r"Tried to allocate ([\d.]+) ([KMGT]i?B)", text)
-    if m:
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2)[0]]
-        return int(float(m.group(1)) * scale)
-    return None
-
-
-def _human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return str(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.2f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)

@@ -104,6 +104,8 @@ class RankRecord:
     exit: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
     start_time: float | None = None
+    world_size: str | None = None
+    env: dict[str, Any] | None = None  # the process's environment (env.inprocess)
 
     @property
     def first_exception(self) -> dict[str, Any] | None:
@@ -128,7 +130,8 @@ def read_events(directory: str | Path) -> list[RankRecord]:
                 continue  # a line cut short by a kill
             kind = ev.get("type")
             if kind == "start":
-                rec = RankRecord(rank=ev.get("rank"), pid=int(ev.get("pid", 0)), start_time=ev.get("time"))
+                rec = RankRecord(rank=ev.get("rank"), pid=int(ev.get("pid", 0)), start_time=ev.get("time"),
+                                 world_size=ev.get("world_size"))
             elif rec is None:
                 continue
             elif kind == "snapshot":
@@ -137,6 +140,8 @@ def read_events(directory: str | Path) -> list[RankRecord]:
                 rec.exceptions.append(ev)
             elif kind == "internal-error":
                 rec.internal_errors.append(ev.get("text", ""))
+            elif kind == "env":
+                rec.env = ev.get("env") or {}
             elif kind == "exit":
                 rec.exit = ev
         if rec is None:

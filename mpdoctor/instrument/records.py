@@ -100,7 +100,8 @@ class PrecisionPlan:
     autocast_dtype: str | None = None       # output dtype of the first Linear/conv seen
     autocast_enabled: bool | None = None    # was autocast on at that moment
     autocast_module: str | None = None
-    # {"trainable": {"float32": elements}, "frozen": {...}}
+    # {"trainable": {"float32": elements}, "frozen": {...}}: only what is trained (the
+    # optimizer's parameters, the modules accelerate prepared), not every module called
     params: dict[str, dict[str, int]] = field(default_factory=dict)
     grad_scaler: bool = False
     grad_scaler_enabled: bool | None = None
@@ -108,6 +109,9 @@ class PrecisionPlan:
     fp32_master_weights: bool | None = None
     distributed_type: str | None = None
     num_processes: int | None = None
+    device: str | None = None                # the device type of the trained parameters
+    optimizers: list[str] = field(default_factory=list)   # class names, in order seen
+    optimizer_eps: float | None = None       # the smallest eps of an Adam-family optimizer
     prepared: dict[str, bool] = field(default_factory=dict)
     # pure low-precision training: fraction of sampled weights an optimizer step left equal
     unchanged_fraction: float | None = None
@@ -118,19 +122,17 @@ class PrecisionPlan:
 
 
 @dataclass
-class ForwardError:
-    """A module's forward raised: the context a traceback does not show."""
+class RaisedError:
+    """An exception raised inside the training, as it was, with the context a traceback
+    does not show. Not classified here: the parent explains it with the rule base."""
 
-    module: str
-    module_type: str
-    step: int
-    exception: str                # "RuntimeError: mat1 and mat2 must have the same dtype ..."
-    kind: str                     # "dtype" | "device" | "oom" | "host-oom" | "other"
-    params: dict[str, int] = field(default_factory=dict)      # "float16@cpu" -> tensors
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # dtype, device, shape
-    autocast: dict[str, Any] = field(default_factory=dict)      # {"cpu": "bfloat16"} when on
-    memory: dict[str, Any] = field(default_factory=dict)
-    batch_shape: list[int] | None = None
+    exception: str                # "RuntimeError: mat1 and mat2 must have the same dtype ..." (whole, bounded)
+    module: str = ""              # the module whose forward raised; "" when outside any module
+    module_type: str = ""
+    step: int = -1
+    # params: {"float16@cpu": tensors}; inputs: [{dtype, device, shape}]; autocast:
+    # {"cpu": "bfloat16"} when on; memory: {"host": {...}, "device": {...}}; batch_shape
+    context: dict[str, Any] = field(default_factory=dict)
     time: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..knowledge.dtypes import dtype_name
 from . import context
-from .records import ForwardError, NonFinite, OverflowWarning, PrecisionPlan, ScalerTimeline
+from .records import NonFinite, OverflowWarning, PrecisionPlan, RaisedError, ScalerTimeline
 
 _FORCE_FAIL = os.environ.get("MPDOCTOR_INSTRUMENT_FAIL") == "1"
 _LINEAR_TYPES: tuple[type, ...] = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.Conv1d, torch.nn.Conv2d,
@@ -49,10 +50,6 @@ def _skip() -> bool:
     """Inside torch.compile / jit tracing our hooks must vanish: their ops would be traced
     into the user's graph (or break it)."""
     return _is_compiling() or _tracing_state() is not None
-
-
-def _dtype_name(dt: Any) -> str:
-    return str(dt).replace("torch.", "")
 
 
 def _first_float(x: Any) -> Tensor | None:
@@ -98,7 +95,7 @@ class Watcher:
         self.scaler = ScalerTimeline()
         self.nonfinite: list[NonFinite] = []
         self.overflow: list[OverflowWarning] = []
-        self.errors: list[ForwardError] = []
+        self.errors: list[RaisedError] = []
         self.internal_errors: list[str] = []
         self.last_loss: float | None = None
         self.last_grad_norm: float | None = None
@@ -129,6 +126,13 @@ class Watcher:
         self._sampled = False
         self._batch_shape: list[int] | None = None
         self._grad_scaler_seen = False
+        # what is trained: the modules accelerate prepared and the optimizers' parameters
+        self._prepared: list[Any] = []          # weakrefs to prepared modules
+        self._optimizers_seen: list[Any] = []   # weakrefs to optimizers
+        # the first Linear/conv outputs seen: (weakref module, name, dtype, autocast on,
+        # device type), so that the plan can name the first matmul of a *trained* module
+        # (a frozen teacher's no_grad forward is not what the training ran in)
+        self._matmuls: list[tuple[Any, str, str, bool, str]] = []
 
     # ---- attaching -------------------------------------------------------------------
     def attach_global(self) -> None:
@@ -204,20 +208,26 @@ class Watcher:
     def first_nonfinite(self) -> NonFinite | None:
         return self.nonfinite[0] if self.nonfinite else None
 
-    def findings(self) -> list[Any]:
-        from ..findings import rank_findings
-        from .diagnose import findings_for
+    def findings(self, rules: list[Any] | None = None) -> list[Any]:
+        """What the rule base says about this process so far, root cause first: the
+        run rules and the env rules, judged exactly as `mpdoctor run` judges a run."""
+        return self.report(rules).findings
+
+    def report(self, rules: list[Any] | None = None) -> Any:
+        from ..env.inprocess import collect_in_process
+        from ..run.diagnose import judge_run
 
         self.flush()
         self._refresh_plan()
-        return rank_findings(findings_for(self.snapshot()))
-
-    def report(self) -> Any:
-        from ..findings import Report
-
-        found = self.findings()
-        return Report(findings=found, extra={"precision_plan": self.plan.to_dict(),
-                                             "loss_scaler": self.scaler.to_dict()})
+        evidence = {"schema": 1, "command": list(sys.argv[:8]), "exit_code": 0, "signal": None,
+                    "output": {}, "processes": [{
+                        "rank": None, "pid": os.getpid(), "world_size": os.environ.get("WORLD_SIZE"),
+                        "env": collect_in_process(), "watch": self.snapshot(),
+                        "exceptions": [], "exit": None, "progress": None,
+                        "internal_errors": list(self.internal_errors)}]}
+        report = judge_run(evidence, rules)
+        report.extra.update({"precision_plan": self.plan.to_dict(), "loss_scaler": self.scaler.to_dict()})
+        return report
 
     def snapshot(self) -> dict[str, Any]:
         """Everything found so far, as the JSON the events file carries."""
@@ -316,8 +326,8 @@ class Watcher:
                 return None
             idx = self._record("out", mod, t, in_idx)
             self._out_cache[id(t)] = (weakref.ref(t), idx)
-            if self.plan.autocast_dtype is None and isinstance(mod, _LINEAR_TYPES):
-                self._note_first_matmul(mod, t)
+            if len(self._matmuls) < 64 and isinstance(mod, _LINEAR_TYPES):
+                self._note_matmul(mod, t)
             if not st and t.requires_grad and torch.is_grad_enabled():
                 self._grad_hook_on(t, mod, "gout")
             if len(self._meta) > _MAX_PENDING:
@@ -412,19 +422,63 @@ class Watcher:
         return name or type(mod).__name__
 
     def _count_params(self, root: Any) -> None:
+        # only a fallback: what is trained is known once an optimizer steps or accelerate
+        # prepares a model (see _trained_params)
         self._params_counted = True
-        counts: dict[str, dict[str, int]] = {"trainable": {}, "frozen": {}}
-        for p in root.parameters():
-            side = counts["trainable" if p.requires_grad else "frozen"]
-            key = _dtype_name(p.dtype)
-            side[key] = side.get(key, 0) + p.numel()
-        self.plan.params = counts
+        if not self._prepared and not self._optimizers_seen:
+            self._set_param_counts([p for p in root.parameters()])
 
-    def _note_first_matmul(self, mod: Any, t: Tensor) -> None:
-        self.plan.autocast_dtype = _dtype_name(t.dtype)
-        self.plan.autocast_module = self.name_of(mod)
+    def _trained_params(self) -> list[Tensor] | None:
+        """The parameters the training updates or prepared, or None before either is known."""
+        params: dict[int, Tensor] = {}
+        known = False
+        for ref in self._optimizers_seen:
+            opt = ref()
+            if opt is not None:
+                known = True
+                for g in opt.param_groups:
+                    for p in g["params"]:
+                        params[id(p)] = p
+        for ref in self._prepared:
+            m = ref()
+            if m is not None:
+                known = True
+                for p in m.parameters():
+                    params.setdefault(id(p), p)
+        return list(params.values()) if known else None
+
+    def _set_param_counts(self, params: list[Tensor]) -> None:
+        counts: dict[str, dict[str, int]] = {"trainable": {}, "frozen": {}}
+        devices: dict[str, int] = {}
+        for p in params:
+            side = counts["trainable" if p.requires_grad else "frozen"]
+            key = dtype_name(p.dtype)
+            side[key] = side.get(key, 0) + p.numel()
+            devices[p.device.type] = devices.get(p.device.type, 0) + p.numel()
+        self.plan.params = counts
+        if devices:
+            self.plan.device = max(devices, key=devices.get)  # type: ignore[arg-type]
+
+    def _note_matmul(self, mod: Any, t: Tensor) -> None:
+        if any(ref() is mod for ref, *_ in self._matmuls):
+            return
         state = context.autocast_state()
-        self.plan.autocast_enabled = bool(state.get(t.device.type))
+        self._matmuls.append((weakref.ref(mod), self.name_of(mod), dtype_name(t.dtype),
+                              bool(state.get(t.device.type)), t.device.type))
+        if self.plan.autocast_dtype is None:
+            self._settle_matmul()
+
+    def _settle_matmul(self) -> None:
+        """The plan's first matmul: the first one seen of a trained module (any module
+        until what is trained is known)."""
+        trained = self._trained_params()
+        ids = {id(p) for p in trained} if trained is not None else None
+        for ref, name, dtype, enabled, _device in self._matmuls:
+            m = ref()
+            if ids is not None and (m is None or not any(id(p) in ids for p in m.parameters(recurse=False))):
+                continue
+            self.plan.autocast_dtype, self.plan.autocast_module, self.plan.autocast_enabled = dtype, name, enabled
+            return
 
     # ---- the once-per-step read ---------------------------------------------------
     def flush(self) -> None:
@@ -516,7 +570,7 @@ class Watcher:
             self._nonfinite_forward(meta, values, first_fwd)
         elif first_loss is not None:
             kind, mod, dev, off, aux, step, dtype = meta[first_loss]
-            self._add_nonfinite(NonFinite(module="(loss)", phase="forward", step=step, dtype=_dtype_name(dtype),
+            self._add_nonfinite(NonFinite(module="(loss)", phase="forward", step=step, dtype=dtype_name(dtype),
                                           kind="nan" if math.isnan(values[dev][off]) else "inf", origin="loss"))
         # NaN in the backward of a step whose forward already had one is only its echo
         fwd_step = min((n.step for n in self.nonfinite if n.phase == "forward"), default=None)
@@ -527,7 +581,7 @@ class Watcher:
                 nan = math.isnan(vals[off]) or math.isnan(vals[off + 1])
                 self._add_nonfinite(NonFinite(
                     module=self.name_of(mod) if kind == "gin" else "(loss)", module_type=type(mod).__name__,
-                    phase="backward", step=step, dtype=_dtype_name(dtype), kind="nan" if nan else "inf",
+                    phase="backward", step=step, dtype=dtype_name(dtype), kind="nan" if nan else "inf",
                     origin="module" if kind == "gin" else "loss"))
         elif first_pgrad is not None and not (skipped or self._scaler_active()) and \
                 (fwd_step is None or meta[first_pgrad[0]][5] < fwd_step):
@@ -547,11 +601,11 @@ class Watcher:
         vals = values[dev]
         nan = math.isnan(vals[off]) or math.isnan(vals[off + 1])
         rec = NonFinite(module=self.name_of(mod), module_type=type(mod).__name__, phase="forward", step=step,
-                        dtype=_dtype_name(dtype), kind="nan" if nan else "inf")
+                        dtype=dtype_name(dtype), kind="nan" if nan else "inf")
         if aux >= 0:
             ikind, imod, idev, ioff, _, _, idtype = meta[aux]
             rec.input_min, rec.input_max = values[idev][ioff], values[idev][ioff + 1]
-            rec.input_dtype = _dtype_name(idtype)
+            rec.input_dtype = dtype_name(idtype)
             if not (math.isfinite(rec.input_min) and math.isfinite(rec.input_max)):
                 rec.origin = "input"
         self._add_nonfinite(rec)
@@ -578,7 +632,7 @@ class Watcher:
         names = list(dict.fromkeys(self.name_of(h[0]) for h in hot))
         self._warned_modules.update(names)
         self.overflow.append(OverflowWarning(module=name, module_type=type(mod).__name__, step=step,
-                                             dtype=_dtype_name(dtype), absmax=absmax,
+                                             dtype=dtype_name(dtype), absmax=absmax,
                                              limit=limit, also=names[1:8]))
         self._emit()
 
@@ -589,39 +643,38 @@ class Watcher:
 
     # ---- errors ------------------------------------------------------------------
     def _on_forward_error(self, mod: Any, args: Any, exc: BaseException) -> None:
-        kind = context.classify_error(exc)
-        err = ForwardError(module=self.name_of(mod), module_type=type(mod).__name__, step=self.step,
-                           exception=f"{type(exc).__name__}: {exc}".split("\n")[0][:500], kind=kind,
-                           batch_shape=self._batch_shape, time=time.time())
-        try:
-            err.params = context.param_summary(mod)
-            err.inputs = [context.describe_tensor(t) for t in context.tensors_in(args)]
-            err.autocast = context.autocast_state()
-            if kind in ("oom", "host-oom"):
-                err.memory = {"host": context.host_memory(), "device": context.device_memory()}
-                req = context.requested_bytes(str(exc))
-                if req is not None:
-                    err.memory["requested_bytes"] = req
-        except Exception as inner:  # partial context is still context
-            err.memory.setdefault("context_error", f"{type(inner).__name__}: {inner}"[:200])
+        err = RaisedError(exception=_exception_text(exc), module=self.name_of(mod), module_type=type(mod).__name__,
+                          step=self.step, time=time.time())
+        err.context = self._context(mod, args)
         self.errors.append(err)
         if self.sink is not None:
-            self.sink.event("exception", step=self.step, module=err.module, exception=err.exception,
-                            kind=kind, time=err.time)
+            self.sink.event("exception", step=self.step, module=err.module, exception=err.exception[:500],
+                            time=err.time)
         self._emit()
 
+    def _context(self, mod: Any, args: Any) -> dict[str, Any]:
+        """What surrounded the failure; each part on its own, a partial context is still one."""
+        ctx: dict[str, Any] = {"batch_shape": self._batch_shape}
+        for key, get in (("params", lambda: context.param_summary(mod)),
+                         ("inputs", lambda: [context.describe_tensor(t) for t in context.tensors_in(args)]),
+                         ("autocast", context.autocast_state),
+                         ("memory", lambda: {"host": context.host_memory(), "device": context.device_memory()})):
+            if mod is None and key in ("params", "inputs"):
+                continue
+            try:
+                ctx[key] = get()
+            except Exception as inner:
+                ctx.setdefault("errors", []).append(f"{key}: {type(inner).__name__}: {inner}"[:200])
+        return ctx
+
     def on_exit_exception(self, exc: BaseException) -> None:
-        """An exception nobody caught: memory context for OOMs raised outside any module."""
-        if (id(exc), type(exc), str(exc)[:200]) == self._last_exc or any(e.exception.startswith(type(exc).__name__ + ": " + str(exc)[:40])
-                                         for e in self.errors):
+        """An exception nobody caught, raised outside any module's forward (the backward,
+        the optimizer, the loss, a collective): recorded with the memory at that moment."""
+        text = _exception_text(exc)
+        if any(e.exception == text for e in self.errors):
             return
-        kind = context.classify_error(exc)
-        if kind not in ("oom", "host-oom"):
-            return
-        err = ForwardError(module="", module_type="", step=self.step,
-                           exception=f"{type(exc).__name__}: {exc}".split("\n")[0][:500], kind=kind,
-                           batch_shape=self._batch_shape, time=time.time())
-        err.memory = {"host": context.host_memory(), "device": context.device_memory()}
+        err = RaisedError(exception=text, step=self.step, time=time.time())
+        err.context = self._context(None, ())
         self.errors.append(err)
 
     # ---- process-wide events (dispatched by patches.py) ----------------------------
@@ -663,7 +716,8 @@ class Watcher:
         params = [p for g in opt.param_groups for p in g["params"]]
         if id(opt) not in self._optimizers:
             self._optimizers.add(id(opt))
-            self._note_optimizer(params)
+            self._note_optimizer(params, opt)
+            self._refresh_counts()
         with_grad = [p for p in params if p.grad is not None]
         if not with_grad:
             return
@@ -714,10 +768,21 @@ class Watcher:
         off = sum(x.numel() for x in self._vectors[dev][:-1])
         self._meta.append(("gnorm", None, dev, off, (1, _LazyParamNames(self, [])), self.step, v.dtype))
 
-    def _note_optimizer(self, params: list[Tensor]) -> None:
+    def _note_optimizer(self, params: list[Tensor], opt: Any = None) -> None:
+        if opt is not None:
+            self._optimizers_seen.append(weakref.ref(opt))
+            name = type(opt).__name__
+            inner = getattr(opt, "optimizer", None)  # accelerate's AcceleratedOptimizer wraps one
+            if inner is not None and name.startswith("Accelerated"):
+                name = type(inner).__name__
+            self.plan.optimizers = list(dict.fromkeys([*self.plan.optimizers, name]))
+            eps = [g.get("eps") for g in getattr(opt, "param_groups", []) if isinstance(g.get("eps"), (int, float))]
+            if eps:
+                low = min(eps)
+                self.plan.optimizer_eps = low if self.plan.optimizer_eps is None else min(low, self.plan.optimizer_eps)
         dtypes: dict[str, int] = dict(self.plan.optimizer_param_dtypes)
         for p in params:
-            key = _dtype_name(p.dtype)
+            key = dtype_name(p.dtype)
             dtypes[key] = dtypes.get(key, 0) + p.numel()
         self.plan.optimizer_param_dtypes = dtypes
         trainable_low = any(p.dtype in _LOW and p.requires_grad for p in params)
@@ -734,8 +799,17 @@ class Watcher:
         for obj in objs:
             if isinstance(obj, torch.nn.Module):
                 self.plan.prepared["model"] = True
+                self._prepared.append(weakref.ref(obj))
+                self._refresh_counts()
             elif isinstance(obj, torch.optim.Optimizer) or hasattr(obj, "optimizer"):
                 self.plan.prepared["optimizer"] = True
+
+    def _refresh_counts(self) -> None:
+        trained = self._trained_params()
+        if trained is not None:
+            self._set_param_counts(trained)
+            if self._matmuls:
+                self._settle_matmul()
 
     def _refresh_plan(self) -> None:
         for acc in self._accelerators:
@@ -807,3 +881,16 @@ def _is_accelerator(obj: Any) -> bool:
     return type(obj).__name__ == "Accelerator" and hasattr(obj, "prepare")
 
 
+
+
+_MAX_EXCEPTION = 4000
+
+
+def _exception_text(exc: BaseException) -> str:
+    """'Type: message' as Python prints it, whole (an OOM message runs several lines),
+    bounded."""
+    try:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except Exception:  # a __str__ that raises
+        text = type(exc).__name__
+    return text[:_MAX_EXCEPTION]

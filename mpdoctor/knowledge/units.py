@@ -1,4 +1,4 @@
-"""Reading numbers as they appear in messages."""
+"""Byte sizes: read from messages, written for people."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ _UNITS = {
 }
 _SIZE = re.compile(r"(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[KMGTPE]?i?B|bytes)", re.IGNORECASE)
 GIB = 1024**3
+_BINARY = (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024))
 
 
 def parse_size(text: str | None) -> int | None:
-    """'2.00 GiB' -> 2147483648; None when it is not a size."""
+    """The first size in `text`: '2.00 GiB' -> 2147483648, '512 bytes' -> 512,
+    '3 GB' -> 3000000000; None when there is none."""
     if not text:
         return None
     m = _SIZE.search(str(text))
@@ -26,8 +28,13 @@ def parse_size(text: str | None) -> int | None:
     return int(float(m.group("num")) * factor)
 
 
-def gib(n: int | float) -> str:
-    """Bytes as the GiB figure messages use: '1.53 GiB'; small ones in MiB."""
-    if abs(n) < GIB:
-        return f"{n / 1024**2:.2f} MiB"
-    return f"{n / GIB:.2f} GiB"
+def gib(n: int | float | None) -> str | None:
+    """Bytes for people, as torch's memory messages write them: two decimals in the
+    largest binary unit that fits, up to GiB as torch goes ('1.53 GiB', '612.38 MiB',
+    '4.00 KiB', '18626.45 GiB'), whole bytes below 1 KiB ('80 B'); None for None."""
+    if n is None:
+        return None
+    for unit, size in _BINARY:
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"

@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .analysis import build_rows, recommend
+from .recommend import recommend
+from .rows import build_rows
 from .report import ProbeReport, print_terminal, to_markdown, to_text_lines
 from .runner import MODES, ProbeOptions, Progress, run_modes
 

@@ -6,10 +6,14 @@ result file named in the spec. Progress goes to stdout as `@@probe {json}` lines
 A failure is not caught: the genuine traceback on stderr is what the parent explains
 with the rule base, exactly as `mpdoctor explain` would.
 
-MPDOCTOR_PROBE_FAULT=MODE:KIND[,MODE:KIND] makes the child of MODE fail for real, for
-the tests and for trying the report out: `oom` (a real allocation far beyond memory, at
-the second step), `dtype` (the model cast to half and fed float), and, before torch is
-even imported, `hang` (never finishes) and `abort` (dies by SIGABRT, no traceback).
+MPDOCTOR_PROBE_FAULT=MODE:KIND[+KIND][,MODE:KIND] makes the child of MODE fail for real,
+for the tests, for recording fixtures/probe/ and for trying the report out: `oom` (a real
+allocation far beyond memory, at the second step), `dtype` (the model cast to half and
+fed float), `nan` (a NaN written into the first Linear's weight at the third step, as
+a bad update would), `nowatch` (the probe's minimal observer instead of mpdoctor.watch), `torch-fp16`
+(the fp16 mode run with torch's own CPU float16 autocast and a GradScaler, as it runs on
+a GPU, where accelerate would train fp32), and, before torch is even imported, `hang`
+(never finishes) and `abort` (dies by SIGABRT, no traceback).
 """
 
 from __future__ import annotations
@@ -24,15 +28,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..knowledge.dtypes import dtype_name
 from .events import emit
 
 
-def _fault(mode: str) -> str | None:
+def _fault(mode: str) -> set[str]:
+    kinds: set[str] = set()
     for item in os.environ.get("MPDOCTOR_PROBE_FAULT", "").split(","):
         m, _, kind = item.partition(":")
         if m.strip() == mode and kind.strip():
-            return kind.strip()
-    return None
+            kinds.update(k.strip() for k in kind.split("+") if k.strip())
+    return kinds
 
 
 # -- memory: device memory on accelerators, the training loop's RSS growth on the CPU --
@@ -189,10 +195,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     fault = _fault(mode)
     emit("phase", name="import")
     # These two test the parent, not torch: they happen before the (slow) import.
-    if fault == "hang":
+    if "hang" in fault:
         while True:
             time.sleep(1)
-    if fault == "abort":
+    if "abort" in fault:
         os.abort()
     import torch
 
@@ -218,7 +224,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # (before the watch is attached: this forward is not part of the mode's run).
         native_fp16 = _torch_autocast_fp16(torch, work, work.eval_batch[0])
     model = work.model
-    if fault == "dtype":
+    if "dtype" in fault:
         model = model.half()
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec.get("lr", 1e-3)))
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -229,11 +235,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    # torch-fp16: fp16 as it runs on a GPU (torch autocast in float16 and a GradScaler),
+    # on a device where accelerate would have trained fp32
+    scaler = torch.amp.GradScaler(device.type) if "torch-fp16" in fault and mode == "fp16" else None
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=torch.float16) if scaler is not None else accelerator.autocast()
+
     # Fixed-batch evaluation at the seed's weights, in this mode: the logits every mode
     # is compared with, and how close its activations come to the fp16 limit.
     emit("phase", name="eval")
     work.model.record = True
-    with torch.no_grad(), accelerator.autocast():
+    with torch.no_grad(), autocast():
         logits = model(eval_x)
         eval_loss = float(work.loss(logits, eval_y))
     work.model.record = False
@@ -251,17 +264,24 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     # overflow from the start all show. The timed steps after them run bare, so the
     # speed-ups compare precisions, not instrumentation; the probe's own loss and
     # skipped-step checks (free: the loss is read anyway) cover every step.
-    observer = attach(accelerator, model)
+    observer = attach(accelerator, model, watch="nowatch" not in fault, scaler=scaler)
 
     def train_step(i: int) -> tuple[float, float]:
         x, y = batches[i % len(batches)]
         sync()
         t0 = time.perf_counter()
-        with accelerator.autocast():
+        with autocast():
             out = model(x)
             loss = work.loss(out, y)
-        accelerator.backward(loss)
-        optimizer.step()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            observer.skipped_now = scaler.get_scale() < before
+        else:
+            accelerator.backward(loss)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         value = float(loss.detach())  # reads the loss: the step's own sync point
         sync()
@@ -277,7 +297,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if i == warmup:
             observer.stop_watching()
             contention = CpuContention()  # the timed steps only
-        if fault == "oom" and i == 1:
+        if "nan" in fault and i == 2:
+            first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+            with torch.no_grad():
+                first.weight.view(-1)[0] = float("nan")
+        if "oom" in fault and i == 1:
             # A real allocation failure, with the allocator's own message.
             torch.empty(1 << 52, dtype=torch.uint8, device=device)
         dt, value = train_step(i)
@@ -310,7 +334,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # What the watch costs: k steps with it attached again, then k bare, side by
         # side after the run. Reported beside the timings.
         k = int(spec.get("overhead_steps", 5))
-        again = attach(accelerator, model)
+        again = attach(accelerator, model, watch="nowatch" not in fault, scaler=scaler)
         with_watch = []
         for j in range(k):
             dt, value = train_step(steps + j)
@@ -325,12 +349,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     if native_fp16 is not None:
         result["torch_autocast_fp16"] = native_fp16
+    from ..env.inprocess import collect_in_process
+
+    result["env"] = collect_in_process()  # the env rules judge the mode's real environment
     return result
 
 
 def _torch_autocast_fp16(torch: Any, work: Any, eval_x: Any) -> dict[str, Any]:
     seen: list[str] = []
-    hooks = [m.register_forward_hook(lambda _m, _i, o: seen.append(str(o.dtype).replace("torch.", "")))
+    hooks = [m.register_forward_hook(lambda _m, _i, o: seen.append(dtype_name(o.dtype)))
              for m in work.model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
     work.model.record, work.model.peak_abs = True, 0.0
     try:

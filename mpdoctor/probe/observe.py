@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..knowledge.dtypes import dtype_name
+
 _MATMUL_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -24,9 +26,11 @@ class MinimalObserver:
 
     source = "probe-minimal"
 
-    def __init__(self, accelerator: Any, model: nn.Module) -> None:
+    def __init__(self, accelerator: Any, model: nn.Module, scaler: Any = None) -> None:
         self.accelerator = accelerator
         self.model = model
+        self.own_scaler = scaler  # a GradScaler the child drives itself (torch-fp16)
+        self.skipped_now: bool | None = None
         self.autocast_dtype: str | None = None
         self.skipped_steps = 0
         self.nonfinite: list[dict[str, Any]] = []
@@ -37,7 +41,7 @@ class MinimalObserver:
     def _arm(self) -> None:
         def first_output(_module: nn.Module, _inputs: Any, output: Any) -> None:
             if self.autocast_dtype is None and isinstance(output, torch.Tensor):
-                self.autocast_dtype = str(output.dtype).replace("torch.", "")
+                self.autocast_dtype = dtype_name(output.dtype)
                 self._disarm()
 
         for module in self.model.modules():
@@ -52,12 +56,13 @@ class MinimalObserver:
     def step_done(self, loss: float) -> None:
         if not math.isfinite(loss):
             self.nonfinite.append({"step": self._step, "where": "loss", "value": repr(loss)})
-        if self.accelerator.optimizer_step_was_skipped:
+        skipped = self.skipped_now if self.own_scaler is not None else self.accelerator.optimizer_step_was_skipped
+        if skipped:
             self.skipped_steps += 1
         self._step += 1
 
     def scaler(self) -> dict[str, Any]:
-        scaler = getattr(self.accelerator, "scaler", None)
+        scaler = self.own_scaler or getattr(self.accelerator, "scaler", None)
         if scaler is None:
             return {"present": False}
         try:
@@ -70,7 +75,7 @@ class MinimalObserver:
         return {"source": self.source, "autocast_dtype": self.autocast_dtype,
                 "skipped_steps": self.skipped_steps, "scaler": self.scaler(),
                 "nonfinite": self.nonfinite[:20], "nonfinite_count": len(self.nonfinite),
-                "findings": []}
+                "watch": None}
 
     def stop_watching(self) -> None:
         """End the instrumentation's part; step_done() goes on counting."""
@@ -87,9 +92,11 @@ class WatchObserver(MinimalObserver):
 
     source = "mpdoctor.instrument.watch"
 
-    def __init__(self, accelerator: Any, model: nn.Module, watch: Any) -> None:
+    def __init__(self, accelerator: Any, model: nn.Module, watch: Any, scaler: Any = None) -> None:
         self.accelerator = accelerator
         self.model = model
+        self.own_scaler = scaler
+        self.skipped_now = None
         self.autocast_dtype = None
         self.skipped_steps = 0
         self.nonfinite = []
@@ -109,7 +116,10 @@ class WatchObserver(MinimalObserver):
     def _read_handle(self) -> dict[str, Any]:
         h = self.handle
         try:
-            return {"findings": [f.to_dict() for f in h.findings()], "autocast_dtype": h.autocast_dtype,
+            h.flush()
+            h._refresh_plan()
+            # raw: the parent judges it with the run rules, as `mpdoctor run` would
+            return {"watch": h.snapshot(), "autocast_dtype": h.autocast_dtype,
                     "module_nonfinite": [n.to_dict() for n in h.nonfinite][:10], "plan": h.plan.to_dict(),
                     "skipped_steps": len(h.skipped_steps), "final_scale": h.final_scale}
         except Exception as exc:  # fail open: the probe still reports its own view
@@ -127,7 +137,7 @@ class WatchObserver(MinimalObserver):
         seen = self.seen if self.handle is None else self._read_handle()
         seen = seen or {}
         out["autocast_dtype"] = seen.get("autocast_dtype")
-        out["findings"] = seen.get("findings", [])
+        out["watch"] = seen.get("watch")
         out["module_nonfinite"] = seen.get("module_nonfinite", [])
         out["plan"] = seen.get("plan")
         out["watched_steps"] = self.watched_steps
@@ -152,13 +162,16 @@ class WatchObserver(MinimalObserver):
         self.handle = None
 
 
-def attach(accelerator: Any, model: nn.Module) -> MinimalObserver:
-    """The probe's one entry point into run instrumentation; call it after prepare()."""
+def attach(accelerator: Any, model: nn.Module, watch: bool = True, scaler: Any = None) -> MinimalObserver:
+    """The probe's one entry point into run instrumentation; call it after prepare().
+    `scaler`: a GradScaler the child drives itself, not accelerate's."""
+    if not watch:
+        return MinimalObserver(accelerator, model, scaler)
     try:
-        from mpdoctor.instrument import watch  # type: ignore[attr-defined]
+        from mpdoctor.instrument import watch as watch_fn  # type: ignore[attr-defined]
     except Exception:
-        return MinimalObserver(accelerator, model)
+        return MinimalObserver(accelerator, model, scaler)
     try:
-        return WatchObserver(accelerator, model, watch)
+        return WatchObserver(accelerator, model, watch_fn, scaler)
     except Exception:
-        return MinimalObserver(accelerator, model)
+        return MinimalObserver(accelerator, model, scaler)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..findings import Finding, Report, rank_findings
-from .analysis import BUSY_SHARE, ModeRow, timing_noise
+from ..knowledge.units import gib
+from .recommend import timing_noise
+from .rows import BUSY_SHARE, ModeRow
 
 
 @dataclass
@@ -44,15 +46,6 @@ class ProbeReport:
 
 
 # -- cells ------------------------------------------------------------------------
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "–"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
 
 def _x(v: float | None, row: ModeRow) -> str:
     if row.ok and not row.ran_as_requested and row.mode != "no":
@@ -118,7 +111,7 @@ def table_rows(report: ProbeReport) -> tuple[list[str], list[list[str]]]:
     body = []
     for r in report.rows:
         cells = [r.mode + (" (baseline)" if r.baseline_only else ""), _works(r), _time(r),
-                 _x(r.speedup, r), _bytes(r.peak_memory_bytes), _pct(r.memory_saving, r),
+                 _x(r.speedup, r), gib(r.peak_memory_bytes) or "–", _pct(r.memory_saving, r),
                  "ref" if r.mode == "no" and r.ok else _rel(r.loss_rel_diff),
                  "ref" if r.mode == "no" and r.ok else _rel(r.logits_rel_diff), r.autocast_dtype or "–", _scaler(r),
                  str(r.nonfinite_count) if r.ok else "–"]

@@ -1,183 +1,226 @@
-"""The parent side of `mpdoctor run`: the child's output and the instrumentation's
-recorded events, judged by the rule base, merged root cause first. No torch here."""
+"""The parent side of `mpdoctor run`: the run's evidence judged by the rule base.
+
+Four kinds of knowledge meet here, all from rules/ through the one assembler:
+- the log rules over the command's output (what `mpdoctor explain` would say on it);
+- the log rules over each exception a process recorded, with the context the
+  instrumentation saw (the module, its parameters and inputs, autocast, memory) as
+  extra facts: the rule base explains the message, the run says where;
+- the env rules over the environment each process really ran in (its torch, its
+  Accelerator's precision, its device), with what it observed (the first matmul's
+  dtype): fp16 on a CPU is the same finding in `check` and in `run`;
+- the run rules over the recorded events (non-finite values, the loss scaler, the
+  precision plan, the ranks).
+Findings of one cause are merged (engine.assemble.merge_findings), superseded generic
+ones dropped, and the rest ranked root cause first. No torch here.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from typing import Any
 
-from ..findings import Evidence, Finding, Report, rank_findings
+from ..engine.assemble import merge_findings, supersede
+from ..engine.judge import checks_in, judge_rules
+from ..engine.rule import Rule
+from ..findings import Finding, Report, Unrecognised, rank_findings
+from . import checks as run_checks
+from .evidence import RunView, build_evidence, read_evidence
+
+_MODES = ("no", "fp16", "bf16", "fp8")
+_CHECKS: dict[str, Any] | None = None
 
 
-def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Any] | None = None) -> Report:
-    from ..instrument.diagnose import findings_for
+def _run_checks() -> dict[str, Any]:
+    global _CHECKS
+    if _CHECKS is None:
+        _CHECKS = checks_in(run_checks)
+    return _CHECKS
 
-    ranked = [r for r in records if r.snapshot or r.exceptions or r.internal_errors]
-    multi = len({r.rank for r in ranked if r.rank is not None}) > 1
-    inst: list[Finding] = []
-    for rec in ranked:
-        snap = dict(rec.snapshot)
-        snap["internal_errors"] = list(dict.fromkeys((snap.get("internal_errors") or []) + rec.internal_errors))
-        for f in findings_for(snap):
-            if rec.rank is not None and multi:
-                f.ranks = [rec.rank]
-                f.facts.setdefault("rank", rec.rank)
-            inst.append(f)
-    inst = _merge_same(inst)
-    trouble = result.exit_code != 0 or any(f.severity != "info" for f in inst)
-    findings: list[Finding] = []
-    unrecognised: list[Any] = []
-    text = result.tail.text()
-    if trouble:
+
+def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Rule] | None = None) -> Report:
+    """The report of one wrapped run (result: run.wrapper.ChildResult; records: the
+    processes' instrument.events.RankRecord)."""
+    evidence = build_evidence(cmd, result, records)
+    save = os.environ.get("MPDOCTOR_SAVE_EVENTS")
+    if save:
         try:
-            from ..explain import explain_text
-
-            explained = explain_text(text, rules)
-            findings, unrecognised = list(explained.findings), list(explained.unrecognised)
-        except Exception as exc:  # a broken rule must not hide what the instrumentation saw
-            sys.stderr.write(f"mpdoctor run: the explain rules failed on the output: {type(exc).__name__}: {exc}\n")
-    findings = _merge_into(findings, inst)
-    if result.signal_name == "SIGKILL" and not any(f.category == "host-out-of-memory" for f in findings) \
-            and "Traceback (most recent call last)" not in text:
-        findings.append(_sigkill_finding(result))
-    ranks = rank_summary(ranked) if multi else []
-    if ranks:
-        findings.append(_rank_finding(ranks))
-    plan = next((r.snapshot.get("plan") for r in ranked if r.snapshot.get("plan")), None)
-    if trouble and plan:
-        from ..instrument.diagnose import plan_summary_finding
-
-        findings.append(plan_summary_finding(plan))
-    extra: dict[str, Any] = {"exit_code": result.exit_code, "command": cmd}
-    if result.signal_name:
-        extra["signal"] = result.signal_name
-    if ranks:
-        extra["ranks"] = ranks
-    if plan:
-        extra["precision_plan"] = plan
-    info = {"bytes": result.tail.total, "wall_s": round(result.wall_s, 3), "instrumented": bool(records) or None}
-    return Report(findings=rank_findings(findings), unrecognised=unrecognised, extra=extra,
-                  input={k: v for k, v in info.items() if v is not None})
+            with open(save, "w", encoding="utf-8") as fh:
+                json.dump(evidence, fh, indent=1, default=str)
+        except OSError as exc:
+            sys.stderr.write(f"mpdoctor run: cannot write MPDOCTOR_SAVE_EVENTS={save}: {exc.strerror}\n")
+    report = judge_run(evidence, rules, output=result.tail.text() if result is not None else "")
+    report.input = {k: v for k, v in {"bytes": result.tail.total, "wall_s": round(result.wall_s, 3),
+                                       "instrumented": bool(records) or None}.items() if v is not None}
+    return report
 
 
-def _key(f: Finding) -> tuple:
-    return (f.rule, f.category, f.facts.get("module"), f.facts.get("phase"), f.facts.get("step"))
+def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output: str = "",
+              observed: dict[str, Any] | None = None, requested_from: str = "the Accelerator of this run") -> Report:
+    """The run's evidence judged by every kind of rule. `output`: what the command
+    printed (the log rules read it); `observed`: facts another face measured about this
+    run (the probe's speed-up) for the env rules."""
+    if rules is None:
+        from ..rulebase import load
 
+        rules = load()
+    by_id = {r.id: r for r in rules}
+    view = RunView(evidence)
+    findings: list[Finding] = []
+    unrecognised: list[Unrecognised] = []
 
-def _merge_same(findings: list[Finding]) -> list[Finding]:
-    """One finding per (rule, module, phase, step) across ranks, counted."""
-    out: dict[tuple, Finding] = {}
-    for f in findings:
-        k = _key(f)
-        if k in out:
-            have = out[k]
-            have.count += f.count
-            have.ranks = sorted(set(have.ranks) | set(f.ranks))
-            have.facts.pop("rank", None)
-        else:
-            out[k] = f
-    return list(out.values())
+    if output.strip():
+        from ..explain import explain_text
 
+        explained = explain_text(output, rules)
+        findings += explained.findings
+        unrecognised += explained.unrecognised
 
-def _merge_into(explained: list[Finding], inst: list[Finding]) -> list[Finding]:
-    """An instrumentation finding of the same category as a log finding sharpens it (the
-    log knows the message and the fix; the instrumentation knows the module and step)."""
-    out = list(explained)
-    taken: set[int] = set()
-    for f in inst:
-        target = next((e for e in explained if e.category == f.category and e.severity == "error"
-                       and f.severity == "error" and id(e) not in taken), None)
-        if target is None:
-            out.append(f)
+    exc_findings, exc_unknown = _exception_findings(view, rules)
+    findings += exc_findings
+    findings += _env_findings(view, rules, observed, requested_from)
+    run_rules = [r for r in rules if r.kind == "run"]
+    findings += [f for o in judge_rules(view, run_rules, _run_checks()) for f in o.findings]
+
+    findings = supersede(findings, by_id)
+    findings = merge_findings(findings, by_id, same_sighting=True)
+    # an exception the output already showed unrecognised is one entry, now with its module
+    known = {u.exception.split(":")[0] + ":" + u.exception.split(":", 1)[-1][:60] for u in unrecognised}
+    for u in exc_unknown:
+        key = u.exception.split(":")[0] + ":" + u.exception.split(":", 1)[-1][:60]
+        if key in known:
+            for have in unrecognised:
+                if have.exception.split(":")[0] + ":" + have.exception.split(":", 1)[-1][:60] == key:
+                    have.user_frame = have.user_frame or u.user_frame
             continue
-        taken.add(id(target))
-        target.priority = max(target.priority, f.priority)
-        target.consequence = target.consequence and f.consequence
-        for k, v in f.facts.items():
-            target.facts.setdefault(k, v)
-        target.evidence.extend(f.evidence)
-        target.ranks = sorted(set(target.ranks) | set(f.ranks))
-        module = f.facts.get("module")
-        if module and module not in target.title:
-            where = ", ".join(str(x) for x in (f.facts.get("phase"), f"step {f.facts['step']}"
-                                               if f.facts.get("step") is not None else None) if x)
-            target.title += f" — in `{module}`" + (f" ({where})" if where else "")
-        # the instrumentation's fixes that name the module are the most specific ones
-        local = [x for x in f.fixes if module and f"`{module}`" in x and x not in target.fixes]
-        target.fixes = local + target.fixes
-        if f.explanation and f.explanation not in target.explanation:
-            target.explanation = (f.explanation + " " + target.explanation).strip()
-    return out
+        unrecognised.append(u)
+        known.add(key)
+
+    trouble = view.exit_code != 0 or any(f.severity != "info" and not _quiet(f, by_id) for f in findings)
+    if not trouble:  # the run went well: its summary is not news
+        findings = [f for f in findings if not (f.rule == "precision-plan")]
+    extra: dict[str, Any] = {"exit_code": view.exit_code, "command": evidence.get("command") or []}
+    if view.signal:
+        extra["signal"] = view.signal
+    if view.multi_rank:
+        extra["ranks"] = run_checks.rank_story(view)
+    if view.plan:
+        extra["precision_plan"] = view.plan
+    report = Report(findings=rank_findings(findings), unrecognised=unrecognised, extra=extra)
+    report.quiet_rules = {r.id for r in rules if r.quiet}
+    return report
 
 
-def _sigkill_finding(result: Any) -> Finding:
-    return Finding(
-        rule="run-killed-sigkill", category="host-out-of-memory", severity="error",
-        title="The command was killed by SIGKILL with no traceback: most likely the host's out-of-memory killer",
-        explanation="A process killed by SIGKILL cannot print anything. With no traceback before it, the usual "
-                    "sender is the kernel's OOM killer (host RAM exhausted, often by data loading or by loading a "
-                    "checkpoint on every rank at once); a scheduler's time or memory limit is the other one.",
-        fixes=["Check `dmesg | grep -i -E 'killed process|out of memory'` (or `journalctl -k`) for the OOM killer.",
-               "Lower host memory use: fewer DataLoader workers, `low_cpu_mem_usage=True` / loading on one rank, "
-               "a smaller batch."],
-        evidence=[Evidence(text=f"exit status {result.exit_code} (killed by SIGKILL), "
-                                f"{result.tail.total} bytes of output, no traceback", source="run")],
-        facts={"signal": "SIGKILL", "exit_code": result.exit_code}, priority=45)
+def _quiet(f: Finding, by_id: dict[str, Rule]) -> bool:
+    rule = by_id.get(f.rule)
+    return bool(rule and rule.quiet)
 
 
-def rank_summary(records: list[Any]) -> list[dict[str, Any]]:
-    """Per rank: what it did at the end — failed (first or later), timed out, waited and
-    was killed, was killed, or finished."""
-    ranks = [r for r in records if r.rank is not None]
-    failures = sorted((r.first_exception["time"], r.rank) for r in ranks if r.first_exception)
-    first_rank = failures[0][1] if failures else None
-    out = []
-    for r in sorted(ranks, key=lambda x: x.rank):
-        exc = r.first_exception
-        prog = r.progress or {}
-        step = prog.get("step", (r.snapshot or {}).get("step"))
-        where = prog.get("where")
-        entry: dict[str, Any] = {"rank": r.rank, "pid": r.pid, "step": step}
-        if exc is not None:
-            text = exc.get("exception", "")
-            if any(w in text for w in ("timed out", "Timeout", "timeout")):
-                status = "timed out"
-            elif any(w in text for w in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                                         "NCCL communicator was aborted")):
-                status = "lost its peer"
-            else:
-                status = "failed first" if r.rank == first_rank else "failed"
-            if status in ("timed out", "lost its peer") and where:
-                status = f"waited in {where.removeprefix('in ')} and {status}"
-            entry["status"] = status + (" and was killed" if r.exit is None else "")
-            entry["exception"] = text
-            if exc.get("module"):
-                entry["module"] = exc["module"]
-        elif r.exit is not None:
-            entry["status"] = "finished"
-        elif where and where.startswith("in "):
-            entry["status"] = f"waited in {where[3:]} and was killed"
-        else:
-            entry["status"] = "was killed" + (f" during {where}" if where else "")
-        out.append(entry)
-    return out
+def _exception_findings(view: RunView, rules: list[Rule]) -> tuple[list[Finding], list[Unrecognised]]:
+    """Each distinct exception a process recorded, explained by the log rules with the
+    instrumentation's context as extra facts."""
+    from ..explain import explain_text
+
+    findings: list[Finding] = []
+    unknown: list[Unrecognised] = []
+    seen: set[str] = set()
+    for p in view.watched:
+        # the watcher's raised errors carry the whole message and its context; the
+        # exception events (what a rank was doing when it died) are the fallback
+        for exc in (p.watch.get("errors") or p.exceptions):
+            text = str(exc.get("exception") or "").strip()
+            if not text:
+                continue
+            key = f"{p.rank}|{text[:300]}"
+            if key in seen:
+                continue
+            seen.add(key)
+            context = _context_facts(exc)
+            report = explain_text(text, rules, extra_facts=context)
+            for f in report.findings:
+                f.evidence.append(_context_evidence(exc, p.path))
+                if view.multi_rank and p.rank is not None:
+                    f.ranks = sorted(set(f.ranks) | {p.rank})
+                findings.append(f)
+            if not report.findings:
+                first = text.split("\n")[0][:400]
+                where = f"in `{exc['module']}` at step {exc.get('step')}" if exc.get("module") else None
+                unknown.append(Unrecognised(first, 0, where, ranks=[p.rank] if view.multi_rank and p.rank is not None
+                                            else []))
+    return findings, unknown
 
 
-def _rank_finding(ranks: list[dict[str, Any]]) -> Finding:
+def _context_facts(exc: dict[str, Any]) -> dict[str, Any]:
+    ctx = exc.get("context") or {}
+    params = ", ".join(f"{n}× {k}" for k, n in (ctx.get("params") or {}).items())
+    inputs = "; ".join(f"{i.get('dtype')} {i.get('device')} {tuple(i.get('shape') or [])}"
+                       for i in ctx.get("inputs") or [])
+    ac = ctx.get("autocast")
+    autocast = ", ".join(f"{d}: {dt}" for d, dt in ac.items()) if isinstance(ac, dict) and ac else "off"
+    mem = ctx.get("memory") or {}
+    memory = _memory_words(mem)
+    facts = {"module": exc.get("module") or None, "module_type": exc.get("module_type") or None,
+             "step": exc.get("step"), "phase": "forward" if exc.get("module") else None,
+             "param_dtypes": params or None, "input_dtypes": inputs or None,
+             "autocast": autocast if exc.get("module") else None, "memory_context": memory or None,
+             "batch_shape": str(tuple(ctx["batch_shape"])) if ctx.get("batch_shape") else None}
+    return {k: v for k, v in facts.items() if v is not None}
+
+
+def _memory_words(mem: dict[str, Any]) -> str:
     parts = []
-    for r in ranks:
-        s = f"rank {r['rank']} {r['status']}"
-        if r.get("step") is not None and r["step"] >= 0:
-            s += f" at step {r['step']}"
-        if r.get("exception"):
-            s += f" ({r['exception'][:120]}" + (f", in `{r['module']}`" if r.get("module") else "") + ")"
-        parts.append(s)
-    first = next((r for r in ranks if r["status"] == "failed first"), None)
-    head = [f"Rank {first['rank']} failed first" + (f" in `{first['module']}`" if first.get("module") else "")
-            + (f" at step {first['step']}" if first.get("step") is not None else "")] if first else []
-    title = "; ".join(head + [f"rank {r['rank']} {r['status']}" for r in ranks if r is not first])
-    return Finding(rule="run-rank-summary", category="distributed-communication", severity="info",
-                   title=title, explanation="; ".join(parts) + ".",
-                   evidence=[Evidence(text=p, source="instrument") for p in parts],
-                   facts={"first_failed_rank": first["rank"] if first else None, "ranks": len(ranks)},
-                   consequence=True, priority=5)
+    dev = mem.get("device") or {}
+    if dev.get("allocated"):
+        parts.append(f"device {dev.get('device')}: allocated {dev['allocated']}, reserved {dev.get('reserved')}, "
+                     f"peak {dev.get('peak_allocated')}, free {dev.get('free')} of {dev.get('total')}")
+        if dev.get("largest_allocations"):
+            parts.append("largest allocations " + ", ".join(dev["largest_allocations"]))
+    host = mem.get("host") or {}
+    if host.get("vmrss"):
+        parts.append(f"process RSS {host.get('vmrss')} (peak {host.get('vmhwm', '?')}), machine "
+                     f"{host.get('memavailable', '?')} available of {host.get('memtotal', '?')}")
+    return "; ".join(parts)
+
+
+def _context_evidence(exc: dict[str, Any], path: str) -> Any:
+    from ..findings import Evidence
+
+    ctx = _context_facts(exc)
+    if exc.get("module"):
+        text = (f"{exc['module']} (step {exc.get('step')}): params [{ctx.get('param_dtypes', 'none')}] · inputs "
+                f"[{ctx.get('input_dtypes', 'none')}] · autocast {ctx.get('autocast', 'off')}")
+    else:
+        text = f"outside any module (step {exc.get('step')})"
+    if ctx.get("memory_context"):
+        text += f" · {ctx['memory_context']}"
+    return Evidence(text=text[:400], source="instrument")
+
+
+def _env_findings(view: RunView, rules: list[Rule], extra: dict[str, Any] | None = None,
+                  requested_from: str = "the Accelerator of this run") -> list[Finding]:
+    """The env rules over the environment the main process ran in, with what it did."""
+    p = view.main
+    if p is None or not p.env:
+        return []
+    from ..env import SnapshotError, load_snapshot_data
+    from ..env.judge import judge
+
+    try:
+        snapshot = load_snapshot_data({"schema": 1, **p.env})
+    except SnapshotError:
+        return []
+    plan = p.plan
+    requested = plan.get("requested")
+    observed = {"observed_dtype": plan.get("autocast_dtype"), "observed_module": plan.get("autocast_module"),
+                "observed_device": plan.get("device"),
+                "requested_by": requested_from if requested else None, **(extra or {})}
+    report = judge(snapshot, mixed_precision=requested if requested in _MODES else None, rules=rules,
+                   source=f"{p.path}.env", observed={k: v for k, v in observed.items() if v},
+                   requested_from=requested_from)
+    return report.findings
+
+
+def events_case(path: str, rules: list[Rule]) -> list[Finding]:
+    """How `rules test` judges an example that is a run's recorded evidence."""
+    return judge_run(read_evidence(path), rules).findings

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..knowledge.signals import signal_name
 
 HEAD_BYTES = 256 * 1024
 TAIL_BYTES = 4 * 1024 * 1024
@@ -342,12 +343,7 @@ def _wait(proc: subprocess.Popen) -> int:
 
 
 def _result(returncode: int, tail: OutputTail, start: float) -> ChildResult:
-    name = None
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
+    name = signal_name(-returncode) if returncode < 0 else None
     return ChildResult(returncode=returncode, tail=tail, signal_name=name, wall_s=time.monotonic() - start)
 
 

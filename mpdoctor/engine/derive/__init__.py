@@ -1,103 +1,89 @@
-"""Derived facts: small pure functions a rule names with `derive = "NAME"`.
+"""Derivers: small pure functions that compute facts from the facts a log rule read.
 
-A rule's patterns read values out of the log (named groups); a deriver turns them into
-what follows from them: bytes from "2.00 GiB", the memory other processes hold, the
-CUDA version a driver number supports. Each module in this package registers its
-functions with `@deriver("name")`; all of them are imported here, so a new module is
-found without touching this file.
-
-A deriver gets the first hit's facts and every hit's facts (in log order) and returns
-new facts to merge, or None. It must not raise on odd input: return what it can.
+A deriver is marked with `@deriver("name", facts=(...))`, naming the facts it can
+produce (the loader checks a rule's placeholders against them). The modules holding
+derivers are listed in MODULES: nothing registers itself on import. A rule names its
+deriver (`derive = "oom"`); the rule cache remembers the deriver's module, so that
+`mpdoctor explain` imports only the module a finding needs.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 Deriver = Callable[[dict[str, Any], list[dict[str, Any]]], "dict[str, Any] | None"]
+MODULES = ("distributed", "hardware", "memory", "tensors", "versions")
 
 
-class _Registry(dict):
-    """name -> deriver. The modules of this package are imported the first time the
-    whole registry is looked at (a lookup that misses, `in`, iteration), not when the
-    package is: `mpdoctor explain` imports only the module of the deriver a finding
-    needs (the rule cache remembers which), which keeps it starting fast."""
-
-    def __missing__(self, name: str) -> Deriver:
-        load_all()
-        if dict.__contains__(self, name):
-            return dict.__getitem__(self, name)
-        raise KeyError(name)
-
-    def __contains__(self, name: object) -> bool:
-        if not dict.__contains__(self, name):
-            load_all()
-        return dict.__contains__(self, name)
-
-    def __iter__(self):
-        load_all()
-        return dict.__iter__(self)
-
-    def __len__(self) -> int:
-        load_all()
-        return dict.__len__(self)
-
-    def keys(self):  # type: ignore[override]
-        load_all()
-        return dict.keys(self)
-
-    def items(self):  # type: ignore[override]
-        load_all()
-        return dict.items(self)
-
-    def values(self):  # type: ignore[override]
-        load_all()
-        return dict.values(self)
+@dataclass(frozen=True)
+class DeriverInfo:
+    name: str
+    facts: tuple[str, ...]
 
 
-DERIVERS: dict[str, Deriver] = _Registry()
-_LOADED = False
-
-
-def deriver(name: str) -> Callable[[Deriver], Deriver]:
-    def register(fn: Deriver) -> Deriver:
-        if dict.__contains__(DERIVERS, name):
-            raise ValueError(f"deriver {name!r} registered twice")
-        dict.__setitem__(DERIVERS, name, fn)
+def deriver(name: str, *, facts: tuple[str, ...] | list[str] = ()) -> Callable[[Deriver], Deriver]:
+    def mark(fn: Deriver) -> Deriver:
+        fn.__deriver__ = DeriverInfo(name, tuple(facts))  # type: ignore[attr-defined]
         return fn
+    return mark
 
-    return register
+
+def _derivers_of(module: Any) -> dict[str, Deriver]:
+    out = {}
+    for value in vars(module).values():
+        info = getattr(value, "__deriver__", None)
+        if isinstance(info, DeriverInfo) and getattr(value, "__module__", None) == module.__name__:
+            out[info.name] = value
+    return out
 
 
-def load_all() -> None:
-    """Import every module of this package (each registers its derivers)."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    import pkgutil
+_TABLE: dict[str, Deriver] | None = None
 
-    for mod in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{mod.name}")
+
+def table() -> dict[str, Deriver]:
+    """name -> deriver, over every module in MODULES (imported on first use)."""
+    global _TABLE
+    if _TABLE is None:
+        found: dict[str, Deriver] = {}
+        for name in MODULES:
+            for key, fn in _derivers_of(importlib.import_module(f"{__name__}.{name}")).items():
+                if key in found:
+                    raise ValueError(f"deriver {key!r} is defined twice")
+                found[key] = fn
+        _TABLE = found
+    return _TABLE
+
+
+def deriver_names() -> list[str]:
+    return sorted(table())
 
 
 def module_of(name: str) -> str | None:
     """The module that defines deriver `name` (for the rule cache), or None."""
-    fn = DERIVERS.get(name) if name in DERIVERS else None
-    return getattr(fn, "__module__", None)
+    fn = table().get(name)
+    return fn.__module__ if fn is not None else None
+
+
+def facts_of(name: str) -> tuple[str, ...]:
+    fn = table().get(name)
+    return fn.__deriver__.facts if fn is not None else ()  # type: ignore[attr-defined]
 
 
 def run_deriver(name: str, facts: dict[str, Any], hits: list[dict[str, Any]],
                 module: str | None = None) -> dict[str, Any]:
-    """Run deriver `name`; `module`, when known, is imported instead of all of them."""
+    """Run deriver `name`; `module`, when known, is the only one imported."""
     try:
-        if module and not dict.__contains__(DERIVERS, name):
+        fn = None
+        if module:
             try:
-                importlib.import_module(module)
+                fn = _derivers_of(importlib.import_module(module)).get(name)
             except ImportError:
-                pass
-        extra = DERIVERS[name](dict(facts), hits)
+                fn = None
+        if fn is None:
+            fn = table()[name]
+        extra = fn(dict(facts), hits)
     except Exception as exc:  # a deriver bug must not take explain down
         return {"derive_error": f"{type(exc).__name__}: {exc}"}
     return extra or {}

@@ -8,11 +8,11 @@ rest out (a sentence whose fact is missing is then left out of the explanation).
 from __future__ import annotations
 
 import math
-import signal as _signal
 from collections import Counter
 from typing import Any
 
 from . import deriver
+from ...knowledge.signals import signal_name
 from ...knowledge.units import gib, parse_size
 
 # --- numbers as messages print them ----------------------------------------------
@@ -43,7 +43,7 @@ def _scale_text(value: float) -> str:
 # --- the dynamic loss scaler ------------------------------------------------------
 
 
-@deriver("loss_scale")
+@deriver("loss_scale", facts=("below_one", "first_scale", "halvings", "last_scale", "lowest_scale", "skips"))
 def loss_scale(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """How the scale moved over the overflow lines, and how many steps were skipped.
 
@@ -81,7 +81,7 @@ def loss_scale(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, A
 HEALTHY_SCALE = 2.0**10
 
 
-@deriver("loss_scale_trend")
+@deriver("loss_scale_trend", facts=("first_scale", "halvings", "healthy_scale", "last_scale", "low_scale", "lowest_scale", "skips"))
 def loss_scale_trend(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """loss_scale, plus a verdict: many skips while the scale stays high are routine
     (info); many skips that drove the scale low are a problem (the rule's severity)."""
@@ -101,7 +101,7 @@ def loss_scale_trend(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[
 HUGE_HOST_REQUEST = 64 * 1024**3
 
 
-@deriver("alloc_bytes")
+@deriver("alloc_bytes", facts=("huge_request", "requested", "requested_bytes"))
 def alloc_bytes(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """'you tried to allocate 132426121216 bytes' -> requested = '123.33 GiB'.
 
@@ -140,7 +140,7 @@ def _duration(ms: float) -> str:
     return f"{seconds:.0f} s"
 
 
-@deriver("nccl_timeout")
+@deriver("nccl_timeout", facts=("desync", "silent_ranks", "timed_out_count", "timed_out_ranks", "timeout", "waited"))
 def nccl_timeout(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """Timeout and wait in minutes, which ranks timed out, and whether they were
     waiting in different collectives (a desynchronised program, not a slow network)."""
@@ -184,18 +184,15 @@ _MEANING = {
 }
 
 
-def _signal_name(number: int) -> str | None:
-    try:
-        return _signal.Signals(number).name
-    except (ValueError, AttributeError):
-        return None
-
-
-@deriver("exit_status")
+@deriver("exit_status", facts=("exit_meaning", "signal", "signal_meaning"))
 def exit_status(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """exitcode -9 / return code 137 / '<Signals.SIGKILL: 9>' -> signal = SIGKILL."""
     out: dict[str, Any] = {}
     name = facts.get("signal_name")
+    if name:
+        name = str(name).upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
     code = facts.get("exitcode")
     number: int | None = None
     if name is None and code is not None:
@@ -208,16 +205,13 @@ def exit_status(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
         elif value > 128 and value < 160:
             number = value - 128
         if number:
-            name = _signal_name(number)
+            name = signal_name(number)
     if facts.get("signal_number") and name is None:
         try:
-            name = _signal_name(int(facts["signal_number"]))
+            name = signal_name(int(facts["signal_number"]))
         except ValueError:
             pass
     if name:
-        name = str(name).upper()
-        if not name.startswith("SIG"):
-            name = "SIG" + name
         out["signal"] = name
         if name in _MEANING:
             out["signal_meaning"] = _MEANING[name]
@@ -248,7 +242,7 @@ _CUDA_TYPES = {
 _GEMM_PREFIX = {"S": "float32", "D": "float64", "H": "float16", "C": "complex64", "Z": "complex128"}
 
 
-@deriver("cublas_call")
+@deriver("cublas_call", facts=("dtype", "half_precision"))
 def cublas_call(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """The dtype a failing cuBLAS call worked in: `cublasGemmEx(... CUDA_R_16F ...)`
     -> float16, `cublasSgemm` -> float32."""
@@ -283,7 +277,7 @@ _CUDNN_TYPES = {
 }
 
 
-@deriver("cudnn_snippet")
+@deriver("cudnn_snippet", facts=("dtype", "half_precision"))
 def cudnn_snippet(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """The dtype of the convolution cuDNN failed on, from its repro dump."""
     out: dict[str, Any] = {}
@@ -298,7 +292,7 @@ def cudnn_snippet(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str
 # --- Apple MPS out-of-memory figures ------------------------------------------------
 
 
-@deriver("mps_oom")
+@deriver("mps_oom", facts=("headroom", "max_allowed_bytes", "mps_allocated_bytes", "other_allocations_bytes", "other_share", "requested_bytes"))
 def mps_oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """What the MPS limit left: max allowed - PyTorch's allocations - everything else."""
     out: dict[str, Any] = {}
@@ -319,7 +313,7 @@ def mps_oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
 _SITE = ("site-packages", "dist-packages")
 
 
-@deriver("warning_origin")
+@deriver("warning_origin", facts=("from_libraries", "from_your_code"))
 def warning_origin(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """`/x/site-packages/kornia/feature/lightglue.py:44: FutureWarning: ...` -> the
     warning comes from the installed package `kornia`, not the user's code: nothing

@@ -15,7 +15,8 @@ import re
 from typing import Any
 
 from . import deriver
-from .tensors import dtype_name
+from ...knowledge.dtypes import dtype_name
+from ...knowledge.versions import cuda_int_to_str, major
 
 
 def _compat():
@@ -130,25 +131,25 @@ def gpu_facts(facts: dict[str, Any], mode: str = "plain") -> dict[str, Any]:
     return out
 
 
-@deriver("gpu")
+@deriver("gpu", facts=("gpu_desc",))
 def gpu(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     return gpu_facts(facts)
 
 
-@deriver("gpu_bf16")
+@deriver("gpu_bf16", facts=("_cc_source", "_fp16_advice", "arch", "bf16_capable_gpu", "cc", "gpu_desc", "no_bf16_gpu", "sm"))
 def gpu_bf16(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     return gpu_facts(facts, "bf16")
 
 
-@deriver("gpu_fp8")
+@deriver("gpu_fp8", facts=("_cc_source", "_fp16_advice", "arch", "cc", "fp8_capable_gpu", "gpu_desc", "no_fp8_gpu", "sm"))
 def gpu_fp8(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     return gpu_facts(facts, "fp8")
 
 
-@deriver("gpu_flash")
+@deriver("gpu_flash", facts=("_cc_source", "arch", "bf16_on_old_gpu", "blackwell_gpu", "cc", "dtype", "fa2_capable_gpu", "full_precision", "gpu_desc", "no_fa2_gpu", "pre_turing_gpu", "sm"))
 def gpu_flash(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out = gpu_facts(facts, "flash")
-    dtype = _dtype(facts.get("dtype_raw"))
+    dtype = dtype_name(facts.get("dtype_raw"))
     if dtype:
         out["dtype"] = dtype
         if dtype in ("float32", "float64"):
@@ -206,7 +207,7 @@ def covers(build: list[int], n: int) -> bool:
     return kind == "sass"
 
 
-@deriver("no_kernel_image")
+@deriver("no_kernel_image", facts=("arch", "build_hint", "built_cuda", "cc", "cpu_build", "gpu_desc", "missing_arch", "needed_cuda", "sm", "supported_list", "tegra_gpu", "torch_cuda"))
 def no_kernel_image(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out = gpu_facts(facts)
     build = _arch_list(facts.get("supported"))
@@ -224,13 +225,13 @@ def no_kernel_image(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[s
         # Jetson: the official aarch64 wheels warn for Orin (sm_87) although sm_80 code runs.
         out["tegra_gpu"] = out.get("gpu_desc", f"sm_{n}")
     tv = str(facts.get("torch_version") or "")
-    m = re.search(r"\+cu(\d{3})", tv)
+    m = re.search(r"\+cu(\d{2,3})\b", tv)
     if m:
-        out["torch_cuda"] = f"{int(m.group(1)) // 10}.{int(m.group(1)) % 10}"
+        out["torch_cuda"] = cuda_int_to_str(m.group(1))
     elif re.search(r"\+cpu\b", tv):
         out["cpu_build"] = tv
     for key in ("needed_cuda_int", "built_cuda_int"):
-        v = decode_cuda_version(facts.get(key))
+        v = cuda_int_to_str(facts.get(key))
         if v:
             out[key.replace("_int", "")] = v
     return out
@@ -244,7 +245,7 @@ _ARCH_FIRST_CUDA = {
 }
 
 
-@deriver("nvcc_arch")
+@deriver("nvcc_arch", facts=("dropped_in", "needs_cuda", "target_cc"))
 def nvcc_arch(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """nvcc's `Unsupported gpu architecture 'compute_120'`: which toolkit would know it."""
     out: dict[str, Any] = {}
@@ -263,20 +264,6 @@ def nvcc_arch(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
 
 # -- driver versions (compat-facts §3) ------------------------------------------------
 
-def decode_cuda_version(value: Any) -> str | None:
-    """cudaDriverGetVersion's integer: 11040 -> '11.4', 12020 -> '12.2', 9000 -> '9.0'.
-
-    Not versions.cuda_from_number: there a 4-digit number is MMmm ('1201' -> 12.1),
-    but the driver numbers torch prints are always 1000*major + 10*minor ('9000', '6050')."""
-    try:
-        v = int(str(value).strip())
-    except (TypeError, ValueError):
-        return None
-    if v <= 0:
-        return None
-    return f"{v // 1000}.{(v % 1000) // 10}"
-
-
 # A build whose runtime the driver can run, by the CUDA major the driver supports.
 _BUILD_FOR_MAJOR = {
     10: "a CUDA 10.2 build (torch <= 1.12, `--index-url https://download.pytorch.org/whl/cu102`)",
@@ -292,32 +279,25 @@ def driver_max_cuda(driver: Any) -> str | None:
     return _compat().driver_max_cuda(str(driver).strip())
 
 
-def _major(cuda: str | None) -> int | None:
-    try:
-        return int(str(cuda).split(".")[0])
-    except (TypeError, ValueError):
-        return None
-
-
 def _runtime_cuda(facts: dict[str, Any]) -> str | None:
     """The CUDA the build needs: 'cu121' / '+cu121' / '12.1' in the facts."""
     for key in ("runtime_cuda", "torch_version", "torch_cuda"):
         v = facts.get(key)
         if not v:
             continue
-        m = re.search(r"cu(\d{2})(\d)\b", str(v))
+        m = re.search(r"cu(\d{2,3})\b", str(v))
         if m:
-            return f"{int(m.group(1))}.{m.group(2)}"
+            return cuda_int_to_str(m.group(1))
         m = re.search(r"\b(\d{1,2})\.(\d)\b", str(v))
         if m and key != "torch_version":
             return f"{int(m.group(1))}.{m.group(2)}"
     return None
 
 
-@deriver("driver")
+@deriver("driver", facts=("driver_cuda", "min_driver_linux", "min_driver_windows", "needed_cuda", "older_build", "toolkit_driver"))
 def driver(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    driver_cuda = decode_cuda_version(facts.get("found_version"))
+    driver_cuda = cuda_int_to_str(facts.get("found_version"))
     if driver_cuda is None and facts.get("driver_cuda"):
         driver_cuda = str(facts["driver_cuda"])
     if driver_cuda is None and facts.get("driver"):
@@ -339,8 +319,8 @@ def driver(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
         exact = compat.toolkit_min_driver(need)
         if exact:
             out["toolkit_driver"] = exact  # what PTX from that toolkit needs
-    dmajor = _major(driver_cuda)
-    if dmajor in _BUILD_FOR_MAJOR and (need is None or (_major(need) or 0) > dmajor):
+    dmajor = major(driver_cuda)
+    if dmajor in _BUILD_FOR_MAJOR and (need is None or (major(need) or 0) > dmajor):
         out["older_build"] = _BUILD_FOR_MAJOR[dmajor]
     return out
 
@@ -363,7 +343,7 @@ _INIT_CODES: dict[str, tuple[str, str]] = {
 }
 
 
-@deriver("cuda_init")
+@deriver("cuda_init", facts=("code_hint", "code_meaning"))
 def cuda_init(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     code = str(facts.get("code") or "").strip()
     text = str(facts.get("code_text") or "").lower()
@@ -377,15 +357,6 @@ def cuda_init(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
         meaning, hint = _INIT_CODES[code]
         return {"code_meaning": meaning, "code_hint": hint}
     return {}
-
-
-# -- dtype spellings: one normaliser, in derive/tensors.py ------------------------------
-
-def _dtype(raw: Any) -> str | None:
-    """tensors.dtype_name, keeping an unknown spelling (a new float8 variant) readable."""
-    if not raw:
-        return None
-    return dtype_name(raw) or str(raw).strip().replace("torch.", "").lower()
 
 
 # Kernels whose name does not say the device but that exist only in the CPU backend.
@@ -415,7 +386,7 @@ def device_flags(device: str | None) -> dict[str, Any]:
     return out
 
 
-@deriver("device")
+@deriver("device", facts=("_on_cpu", "_on_cuda", "_on_mps", "_on_xla", "cpu_build", "device", "indexed_device", "k"))
 def device_kind(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out = device_flags(facts.get("device_raw") or facts.get("device") or facts.get("ac_device"))
     tv = str(facts.get("torch_version") or "")
@@ -424,10 +395,10 @@ def device_kind(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
     return out
 
 
-@deriver("half_op")
+@deriver("half_op", facts=("_on_cpu", "_on_cuda", "_on_mps", "cpu_half", "device", "dtype", "ops"))
 def half_op(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    dtype = _dtype(facts.get("dtype_raw"))
+    dtype = dtype_name(facts.get("dtype_raw"))
     if dtype:
         out["dtype"] = dtype
     op = str(facts.get("op") or "")

@@ -8,7 +8,7 @@ from . import deriver
 from ...knowledge.units import GIB, gib, parse_size
 
 
-@deriver("oom")
+@deriver("oom", facts=("allocated_bytes", "fragmented", "free_bytes", "occurrences", "other_processes", "other_processes_bytes", "other_share", "process_in_use_bytes", "requested_bytes", "requested_share", "reserved", "reserved_bytes", "reserved_unallocated", "reserved_unallocated_bytes", "total_bytes"))
 def oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sizes = {}

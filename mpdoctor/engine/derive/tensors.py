@@ -1,8 +1,8 @@
 """Tensor dtypes and devices as messages spell them, normalised to one name each.
 
-PyTorch names one dtype many ways depending on the message and the platform:
-`Half`, `c10::Half`, `struct c10::Half` (MSVC), `at::Half`, `torch.cuda.HalfTensor`,
-`CUDAHalfType`, `torch.float16`. Rules read the raw spelling into a fact whose name
+PyTorch names one dtype many ways depending on the message and the platform
+(`Half`, `struct c10::Half`, `torch.cuda.HalfTensor`...): mpdoctor/knowledge/dtypes.py
+reads them all. Rules read the raw spelling into a fact whose name
 starts with an underscore (`_input`, `_weight`, `_a`) and this deriver turns each into
 clean facts without the underscore:
 
@@ -20,66 +20,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ...knowledge.dtypes import dtype_name, tensor_type
 from . import deriver
 
-# Every spelling PyTorch (and C++ compilers' type printers) uses, lower-cased, without
-# namespaces and "struct "/"class " prefixes.
-_DTYPE_ALIASES: dict[str, str] = {
-    "half": "float16", "float16": "float16", "fp16": "float16", "__half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16", "__nv_bfloat16": "bfloat16",
-    "float": "float32", "float32": "float32", "fp32": "float32", "single": "float32",
-    "double": "float64", "float64": "float64", "fp64": "float64",
-    "long": "int64", "int64": "int64", "long int": "int64", "int64_t": "int64", "longlong": "int64",
-    "int": "int32", "int32": "int32", "int32_t": "int32",
-    "short": "int16", "int16": "int16",
-    "char": "int8", "int8": "int8", "signed char": "int8",
-    "byte": "uint8", "uint8": "uint8", "unsigned char": "uint8",
-    "bool": "bool",
-    "complexfloat": "complex64", "complex64": "complex64",
-    "complexdouble": "complex128", "complex128": "complex128",
-    "complexhalf": "complex32",
-    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
-    "float8_e4m3fnuz": "float8_e4m3fnuz", "float8_e5m2fnuz": "float8_e5m2fnuz",
-}
 HALF_DTYPES = ("float16", "bfloat16")
 WIDE_DTYPES = ("float32", "float64")
 
-# torch.cuda.HalfTensor, torch.HalfTensor, torch.xpu.FloatTensor
-_TORCH_TENSOR_TYPE = re.compile(
-    r"^(?:torch\.)?(?:(?P<dev>cuda|xpu|mps|hip|npu)\.)?(?P<t>[A-Za-z0-9]+?)Tensor$"
-)
-# CUDAHalfType, CPUFloatType, MPSFloatType, CUDAFloatTensor (torch 1.0 wording)
-_BACKEND_TYPE = re.compile(r"^(?P<dev>CUDA|CPU|MPS|XPU|HIP|Meta)(?P<t>[A-Za-z0-9]+?)(?:Type|Tensor)$")
 _DEVICE = re.compile(r"^(?P<type>cuda|cpu|mps|xpu|meta|hip|npu|xla|privateuseone)(?::(?P<index>\d+))?$", re.IGNORECASE)
-
-
-def dtype_name(text: str | None) -> str | None:
-    """'struct c10::Half' -> 'float16'; None when it is not a dtype."""
-    if not text:
-        return None
-    s = str(text).strip().strip("'\"`")
-    s = re.sub(r"^(?:struct|class)\s+", "", s)
-    s = re.sub(r"^(?:c\s?10|at|torch|caffe2|std)\s?::\s?", "", s)
-    s = re.sub(r"^torch\.", "", s)
-    return _DTYPE_ALIASES.get(s.lower())
-
-
-def tensor_type(text: str | None) -> tuple[str, str] | None:
-    """'torch.cuda.HalfTensor' -> ('float16', 'cuda'); 'torch.FloatTensor' -> ('float32', 'cpu')."""
-    if not text:
-        return None
-    s = str(text).strip().strip("'\"`")
-    m = _TORCH_TENSOR_TYPE.match(s)
-    if m and s.startswith("torch."):
-        dtype = dtype_name(m.group("t"))
-        if dtype:
-            return dtype, (m.group("dev") or "cpu").lower()
-    m = _BACKEND_TYPE.match(s)
-    if m:
-        dtype = dtype_name(m.group("t"))
-        if dtype:
-            return dtype, m.group("dev").lower()
-    return None
 
 
 def device_name(text: str | None) -> str | None:
@@ -133,7 +80,7 @@ def op_kind(op: str | None) -> str | None:
     return None
 
 
-@deriver("tensors")
+@deriver("tensors", facts=("a", "a_cpu", "a_device", "a_dtype", "a_half", "a_wide", "b", "b_cpu", "b_device", "b_dtype", "b_half", "b_wide", "both_half", "c", "c_dtype", "c_wide", "cpu_side", "destination", "destination_dtype", "destination_half", "device_differs", "devices", "dtype_differs", "dtypes", "expected", "expected_cpu", "expected_device", "expected_dtype", "expected_half", "expected_wide", "found", "found_device", "found_dtype", "found_half", "found_wide", "fp8_dtype", "got", "got_cpu", "got_device", "gpu_device", "half_dtype", "indices_device", "indices_dtype", "indices_half", "indices_wide", "input", "input_cpu", "input_device", "input_dtype", "input_half", "input_wide", "key", "key_dtype", "key_wide", "mask", "mask_dtype", "meta_device", "op", "op_kind", "param", "param_cpu", "param_device", "param_dtype", "param_half", "param_wide", "query", "query_dtype", "query_half", "query_wide", "source", "source_dtype", "source_wide", "target", "target_dtype", "target_half", "two_gpus", "value", "value_dtype", "value_half", "wide_dtype"))
 def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     dtypes: list[str] = []
@@ -236,7 +183,7 @@ _SINGULAR_GRADS: dict[str, str] = {
 }
 
 
-@deriver("nonfinite")
+@deriver("nonfinite", facts=("forward_op", "occurrences", "op_hint", "values_seen"))
 def nonfinite(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     fn = facts.get("function")

@@ -10,7 +10,7 @@ libraries and C++ symbols, turned into facts an explanation can state plainly.
   whether it belongs to PyTorch (an extension built for another torch) or to a CUDA
   library (a CUDA component of another release on the library path).
 
-Pure functions, no `packaging` import, never raising.
+Pure functions, never raising; versions are read and compared by mpdoctor/knowledge/versions.py.
 """
 
 from __future__ import annotations
@@ -18,91 +18,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ...knowledge.versions import (compare, cuda_int_to_str, cudnn_version, is_prerelease, major,
+                                   parse_message_requirement, release)
 from . import deriver
-
-_NUM = re.compile(r"\d+")
-
-
-def version_tuple(text: str | None) -> tuple[int, ...] | None:
-    """'2.1.0a0+413' -> (2, 1, 0); '0.20.1' -> (0, 20, 1); None when there is no number."""
-    if not text:
-        return None
-    m = re.match(r"\s*v?(\d+(?:\.\d+){0,3})", str(text))
-    if not m:
-        return None
-    return tuple(int(p) for p in m.group(1).split("."))
-
-
-def compare(a: str | None, b: str | None) -> int | None:
-    """-1, 0, 1 like cmp(a, b) on release numbers; None when one is unreadable.
-    Pre-releases (2.1.0a0) compare below their release, as pip does."""
-    ta, tb = version_tuple(a), version_tuple(b)
-    if ta is None or tb is None:
-        return None
-    n = max(len(ta), len(tb))
-    ta += (0,) * (n - len(ta))
-    tb += (0,) * (n - len(tb))
-    if ta != tb:
-        return -1 if ta < tb else 1
-    pa, pb = _is_pre(a), _is_pre(b)
-    if pa != pb:
-        return -1 if pa else 1
-    return 0
-
-
-def _same_release(a: str, b: str) -> bool:
-    ta, tb = version_tuple(a) or (), version_tuple(b) or ()
-    n = max(len(ta), len(tb))
-    return ta + (0,) * (n - len(ta)) == tb + (0,) * (n - len(tb))
-
-
-def _is_pre(v: str | None) -> bool:
-    return bool(v and re.match(r"\s*v?[\d.]+(?:a|b|rc|dev|\.dev)\d*", str(v)))
-
-
-_SPEC = re.compile(r"^\s*(?P<pkg>[A-Za-z0-9_.\-\[\]]+?)?\s*(?P<op>>=|<=|==|!=|~=|>|<)\s*(?P<ver>[\w.+\-]+)")
-
-
-def parse_requirement(text: str | None) -> tuple[str | None, str, str] | None:
-    """'accelerate>=0.20.1' -> ('accelerate', '>=', '0.20.1'); '>= 2.1' -> (None, '>=', '2.1').
-    Only the first clause of 'tokenizers>=0.14,<0.19' is returned."""
-    if not text:
-        return None
-    m = _SPEC.match(str(text).strip().strip("`'\""))
-    if not m:
-        return None
-    return (m.group("pkg") or None), m.group("op"), m.group("ver")
-
-
-def cuda_from_number(text: str | None) -> str | None:
-    """CUDA versions as integers: '1201' -> '12.1', '11080' -> '11.8' (driver API style)."""
-    if not text or not str(text).isdigit():
-        return None
-    n = int(text)
-    if 1000 <= n < 10000:  # MMmm as xformers and torch.version print it
-        return f"{n // 100}.{n % 100}"
-    if 10000 <= n < 100000:  # MMmmp as CUDA_VERSION / cudaDriverGetVersion
-        return f"{n // 1000}.{(n % 1000) // 10}"
-    return None
-
-
-def cudnn_version(text: str | None) -> str | None:
-    """cuDNN versions as torch prints them: '(8, 9, 2)' -> '8.9.2'; '7102' -> '7.1.2';
-    '90100' -> '9.1.0' (cuDNN 9 packs MAJOR*10000 + MINOR*100 + PATCH)."""
-    if not text:
-        return None
-    s = str(text).strip()
-    parts = _NUM.findall(s)
-    if s.startswith("(") and len(parts) >= 2:
-        return ".".join(parts[:3])
-    if s.isdigit():
-        n = int(s)
-        if n >= 10000:
-            return f"{n // 10000}.{(n % 10000) // 100}.{n % 100}"
-        if n >= 1000:
-            return f"{n // 1000}.{(n % 1000) // 100}.{n % 100}"
-    return None
-
 
 def torch_build(text: str | None) -> dict[str, str]:
     """'2.1.2+cu121' -> torch_cuda '12.1'; '2.1.2+cpu' -> a CPU-only build."""
@@ -111,18 +29,12 @@ def torch_build(text: str | None) -> dict[str, str]:
         return out
     m = re.search(r"\+cu(\d{2,3})\b", str(text))
     if m:
-        d = m.group(1)
-        out["torch_cuda"] = f"{d[:-1]}.{d[-1]}"
+        out["torch_cuda"] = cuda_int_to_str(m.group(1))
     elif re.search(r"\+cpu\b", str(text)):
         out["torch_cpu_only"] = "a CPU-only build"
     elif m2 := re.search(r"\+rocm([\d.]+)", str(text)):
         out["torch_rocm"] = m2.group(1)
     return out
-
-
-def cuda_major(v: str | None) -> int | None:
-    t = version_tuple(v)
-    return t[0] if t else None
 
 
 # When a torch attribute or module first appeared (release notes; see
@@ -162,11 +74,11 @@ TORCH_MODULE_CHANGES: dict[str, tuple[str, str]] = {
 }
 
 
-@deriver("versions")
+@deriver("versions", facts=("built_cuda", "comparison", "cuda_major_differs", "cudnn_compiled_version", "cudnn_runtime_is", "cudnn_runtime_version", "import_name", "introduced_in", "major_mismatch", "minor_mismatch", "missing_api", "module_change", "module_removed", "pip_name", "prerelease_note", "required_op", "required_version", "torch_cpu_only", "torch_cuda"))
 def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pkg_fact = facts.get("package")
-    req = parse_requirement(facts.get("required"))
+    req = parse_message_requirement(facts.get("required"))
     if req is not None:
         pkg, op, ver = req
         if pkg and "package" not in facts:
@@ -183,7 +95,8 @@ def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any
                     out["comparison"] = "newer than"
                 elif op == "==" and c != 0:
                     out["comparison"] = "different from"
-            if _is_pre(found) and c == -1 and _same_release(found, ver):
+            rel = release(found)
+            if c == -1 and is_prerelease(found) and rel and compare(".".join(map(str, rel)), ver) == 0:
                 out["prerelease_note"] = (
                     f"{found} is a pre-release build; version checks treat it as older than {ver}"
                 )
@@ -199,7 +112,7 @@ def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any
             for k, v in torch_build(facts[key]).items():
                 out.setdefault(k, v)
     for key, target in (("built_cuda_number", "built_cuda"), ("cuda_number", "cuda")):
-        v = cuda_from_number(facts.get(key))
+        v = cuda_int_to_str(facts.get(key))
         if v:
             out[target] = v
     cc, cr = cudnn_version(facts.get("cudnn_compiled")), cudnn_version(facts.get("cudnn_runtime"))
@@ -230,7 +143,7 @@ def versions(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any
         # the warning's consequence is in the log: it is the cause of an error now
         out["severity"] = "error"
     a, b = facts.get("cuda_a"), facts.get("cuda_b")
-    ma, mb = cuda_major(a), cuda_major(b)
+    ma, mb = major(a), major(b)
     if ma is not None and mb is not None:
         out["cuda_major_differs"] = "yes" if ma != mb else "no"
         if ma != mb:
@@ -348,7 +261,7 @@ def demangle(symbol: str | None) -> str | None:
 _TORCH_NAMESPACES = ("c10", "at", "torch", "caffe2", "pybind11")
 
 
-@deriver("cuda_library")
+@deriver("cuda_library", facts=("component", "cuda_major", "cudnn_major", "cxx11_abi", "dep_component", "dep_library", "dep_pip_alt", "dep_pip_package", "dep_soversion", "driver_lib_missing", "flash_attn_wheel", "library", "missing_dep", "needs_nvjitlink", "pip_alt", "pip_package", "soversion", "symbol_name", "symbol_owner", "system_cuda"))
 def cuda_library(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in library_info(facts.get("lib")).items():

@@ -1,8 +1,9 @@
-"""Rules as data: the TOML format, loading and validation.
+"""Reading rules: the folders, the TOML files, validation, the rule cache.
 
-One rule per file under `rules/` (log rules in `rules/log/<category>/`, environment
-rules in `rules/env/`). The format is documented in rules/README.md; a malformed file
-gets a `RuleError` naming the file, the rule and what is wrong.
+One rule per file under `rules/` (`log/<category>/`, `env/`, `run/`, `probe/`). A
+malformed file gets a `RuleError` naming the file, the rule and what is wrong; so does a
+template placeholder that no pattern, deriver or check produces (the fact vocabulary,
+engine.facts, is handed in by the caller: the engine knows no face).
 """
 
 from __future__ import annotations
@@ -15,245 +16,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
-from ..findings import CATEGORIES, SEVERITIES
-from .fixedruns import runs_in_order
+    from .facts import Vocabulary
 
-RULE_KINDS = ("log", "env")
+from ..findings import CATEGORIES, SEVERITIES
+from .rule import RULE_KINDS, Example, LazyPattern, Rule, RuleError, cached_examples
+
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
 
 _KNOWN_KEYS = {
     "id", "kind", "category", "severity", "title", "priority", "consequence",
     "patterns", "unless", "requires", "excludes", "context", "min_count", "derive",
     "check", "explanation", "fixes", "references", "versions", "doc", "example",
-    "near_miss", "summary", "supersedes",
+    "near_miss", "summary", "supersedes", "unrendered", "quiet",
 }
-
-
-class RuleError(Exception):
-    """A rule file that cannot be used. str() says file, rule and problem."""
-
-    def __init__(self, path: Path | str, rule_id: str | None, problem: str):
-        self.path = str(path)
-        self.rule_id = rule_id
-        self.problem = problem
-        where = f"{self.path}" + (f" (rule {rule_id!r})" if rule_id else "")
-        super().__init__(f"{where}: {problem}")
-
-
-class LazyPattern:
-    """A rule's regular expression, compiled the first time it is used.
-
-    A rule base of a hundred rules has a few hundred patterns; compiling them all costs
-    more than the rest of `mpdoctor explain` on a short traceback, and a log touches
-    only the few whose literal it contains. Behaves like the `re.Pattern` it wraps.
-    """
-
-    __slots__ = ("pattern", "_rx", "runs", "caseless")
-
-    def __init__(self, pattern: str, runs=(), caseless: bool = False):
-        self.pattern = pattern
-        self._rx: re.Pattern[str] | None = None
-        # Literal runs every match contains, in order (lower-cased when caseless): a line
-        # without them is skipped before the pattern is compiled or run.
-        self.runs = runs if type(runs) is tuple else tuple(
-            tuple(step) if not isinstance(step, str) else (step,) for step in runs)
-        self.caseless = caseless
-
-    def may_match(self, text: str, low: str | None = None) -> bool:
-        if not self.runs:
-            return True
-        t = (low if low is not None else text.lower()) if self.caseless else text
-        return runs_in_order(t, self.runs)
-
-    @property
-    def compiled(self) -> re.Pattern[str]:
-        if self._rx is None:
-            self._rx = re.compile(self.pattern)
-        return self._rx
-
-    def search(self, string: str, *args: int) -> re.Match[str] | None:
-        return self.compiled.search(string, *args)
-
-    def match(self, string: str, *args: int) -> re.Match[str] | None:
-        return self.compiled.match(string, *args)
-
-    def finditer(self, string: str, *args: int):
-        return self.compiled.finditer(string, *args)
-
-    def __getattr__(self, name: str) -> Any:  # groupindex, flags, fullmatch, ...
-        return getattr(self.compiled, name)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LazyPattern) and other.pattern == self.pattern
-
-    def __hash__(self) -> int:
-        return hash(self.pattern)
-
-    def __repr__(self) -> str:
-        return f"LazyPattern({self.pattern!r})"
-
-
-class Example:
-    """A rule's own test case: text, a file under fixtures/, or (env rules) a snapshot."""
-
-    __slots__ = ("text", "file", "snapshot", "facts", "note")
-
-    def __init__(self, text: str | None = None, file: str | None = None, snapshot: str | None = None,
-                 facts: dict[str, Any] | None = None, note: str = ""):
-        self.text = text
-        self.file = file
-        self.snapshot = snapshot
-        self.facts = facts if facts is not None else {}
-        self.note = note
-
-    def __repr__(self) -> str:
-        return f"Example(text={self.text!r}, file={self.file!r}, snapshot={self.snapshot!r}, facts={self.facts!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Example) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
-
-
-_RULE_FIELDS = (
-    "id", "kind", "category", "severity", "title", "titles", "path", "summary", "priority", "consequence", "patterns",
-    "unless", "requires", "excludes", "context", "literals", "min_count", "supersedes", "derive", "derive_module",
-    "check", "explanation", "fixes", "references", "versions", "doc", "examples", "near_misses",
-)
-
-
-class Rule:
-    """One rule (a TOML file). A plain class, not a dataclass (creating one costs about a
-    millisecond at import, and `explain` must start like a small script); `path` is a
-    pathlib.Path made on first use, for the same reason (pathlib imports urllib)."""
-
-    def __init__(self, id: str, kind: str, category: str, severity: str, title: str, path: "Path | str",
-                 summary: str = "", priority: int = 50, consequence: bool = False,
-                 patterns: list[LazyPattern] | None = None, unless: list[LazyPattern] | None = None,
-                 requires: list[LazyPattern] | None = None, excludes: list[LazyPattern] | None = None,
-                 context: list[LazyPattern] | None = None, literals: list[str] | None = None, min_count: int = 1,
-                 supersedes: list[str] | None = None, derive: str | None = None, derive_module: str | None = None,
-                 check: str | None = None, explanation: list[str] | None = None, fixes: list[str] | None = None,
-                 references: list[str] | None = None, versions: str = "", doc: dict[str, str] | None = None,
-                 examples: list[Example] | None = None, near_misses: list[Example] | None = None,
-                 titles: list[str] | None = None):
-        self.id = id
-        self.kind = kind
-        self.category = category
-        self.severity = severity
-        self.title = title  # the first (fullest) title: what listings and rule pages show
-        # `title` may be a list in TOML: the first whose facts are all known is used
-        self.titles = titles or [title]
-        self.path = path  # type: ignore[assignment]
-        self.summary = summary
-        self.priority = priority
-        self.consequence = consequence
-        self.patterns = patterns or []
-        self.unless = unless or []
-        self.requires = requires or []
-        self.excludes = excludes or []
-        self.context = context or []
-        self.literals = literals or []
-        self.min_count = min_count
-        self.supersedes = supersedes or []
-        self.derive = derive
-        self.derive_module = derive_module  # where `derive` lives (so only it is imported)
-        self.check = check
-        self.explanation = explanation or []
-        self.fixes = fixes or []
-        self.references = references or []
-        self.versions = versions
-        self._docs: Any = None  # a loader for doc/examples/near_misses (the rule cache)
-        self.doc = doc or {}
-        self.examples = examples or []
-        self.near_misses = near_misses or []
-
-    # doc, examples and near misses are not needed to explain a log: from the rule cache
-    # they are read (a separate file) the first time one of them is asked for.
-    def _load_docs(self) -> None:
-        loader, self._docs = self._docs, None
-        if loader is not None:
-            data = loader() or {}
-            self._doc = {k: str(v).strip() for k, v in dict(data.get("doc", {})).items()}
-            self._examples = _cached_examples(data, "example")
-            self._near_misses = _cached_examples(data, "near_miss")
-            for key in ("explanation", "fixes", "references"):
-                v = data.get(key, [])
-                setattr(self, "_" + key, [v.strip()] if isinstance(v, str) else [x.strip() for x in v if x.strip()])
-            self._summary = str(data.get("summary", "")).strip()
-            self._versions = str(data.get("versions", ""))
-
-    def _lazy(name: str):  # type: ignore[misc]  # noqa: N805 - a property factory
-        def get(self):
-            self._load_docs()
-            return getattr(self, "_" + name)
-
-        def put(self, value) -> None:
-            setattr(self, "_" + name, value)
-
-        return property(get, put)
-
-    explanation = _lazy("explanation")
-    fixes = _lazy("fixes")
-    references = _lazy("references")
-    summary = _lazy("summary")
-    versions = _lazy("versions")
-    del _lazy
-
-    @property
-    def doc(self) -> dict[str, str]:
-        self._load_docs()
-        return self._doc
-
-    @doc.setter
-    def doc(self, value: dict[str, str]) -> None:
-        self._doc = value
-
-    @property
-    def examples(self) -> list[Example]:
-        self._load_docs()
-        return self._examples
-
-    @examples.setter
-    def examples(self, value: list[Example]) -> None:
-        self._examples = value
-
-    @property
-    def near_misses(self) -> list[Example]:
-        self._load_docs()
-        return self._near_misses
-
-    @near_misses.setter
-    def near_misses(self, value: list[Example]) -> None:
-        self._near_misses = value
-
-    @property
-    def path(self) -> "Path":
-        p = self._path
-        if not hasattr(p, "parent"):
-            from pathlib import Path
-
-            p = self._path = Path(p)
-        return p
-
-    @path.setter
-    def path(self, value: "Path | str") -> None:
-        self._path = value
-
-    def __repr__(self) -> str:
-        return f"Rule(id={self.id!r}, kind={self.kind!r}, category={self.category!r}, path={str(self._path)!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Rule) and all(getattr(self, k) == getattr(other, k) for k in _RULE_FIELDS)
-
-    __hash__ = object.__hash__
-
-    @property
-    def root(self) -> "Path":
-        """The rules folder this rule came from (examples' `file` paths are relative
-        to the project root, which is the folder above it)."""
-        p = self.path.parent
-        while p.name and p.name not in ("rules", "builtin_rules") and p.parent != p:
-            p = p.parent
-        return p
+# Which evidence an example of each kind may name.
+_EXAMPLE_KEYS = {"log": ("text", "file", "events"), "env": ("snapshot", "events", "probe"), "run": ("events",),
+                 "probe": ("probe",)}
 
 
 def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
@@ -293,7 +71,7 @@ def _text_list(path: Path, rid: str, data: dict, key: str) -> list[str]:
     return [x.strip() for x in v if x.strip()]
 
 
-def _examples(path: Path, rid: str, data: dict, key: str) -> list[Example]:
+def _examples(path: Path, rid: str, data: dict, key: str, kind: str) -> list[Example]:
     raw = data.get(key, [])
     if not isinstance(raw, list):
         raise RuleError(path, rid, f"'{key}' must be an array of tables ([[{key}]])")
@@ -301,24 +79,22 @@ def _examples(path: Path, rid: str, data: dict, key: str) -> list[Example]:
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise RuleError(path, rid, f"{key}[{i}] must be a table")
-        unknown = set(item) - {"text", "file", "snapshot", "facts", "note"}
+        unknown = set(item) - {"text", "file", "snapshot", "events", "probe", "facts", "note"}
         if unknown:
             raise RuleError(path, rid, f"{key}[{i}] has unknown keys: {', '.join(sorted(unknown))}")
-        if sum(k in item for k in ("text", "file", "snapshot")) != 1:
-            raise RuleError(path, rid, f"{key}[{i}] needs exactly one of text, file or snapshot")
+        allowed = _EXAMPLE_KEYS[kind]
+        given = [k for k in ("text", "file", "snapshot", "events", "probe") if k in item]
+        if len(given) != 1 or given[0] not in allowed:
+            raise RuleError(path, rid, f"{key}[{i}] of a {kind} rule needs exactly one of {' or '.join(allowed)}")
+        if "facts" in item and not isinstance(item["facts"], dict):
+            raise RuleError(path, rid, f"{key}[{i}]: 'facts' must be a table")
         out.append(Example(item.get("text"), item.get("file"), item.get("snapshot"),
-                           dict(item.get("facts", {})), item.get("note", "")))
+                           dict(item.get("facts", {})), item.get("note", ""), item.get("events"), item.get("probe")))
     return out
 
 
-def _cached_examples(data: dict, key: str) -> list[Example]:
-    """Examples of a file already validated once (the rule cache): no checks again."""
-    return [Example(d.get("text"), d.get("file"), d.get("snapshot"), dict(d.get("facts", {})), d.get("note", ""))
-            for d in data.get(key, [])]
-
-
 _KW = ("id", "kind", "category", "severity", "title", "titles", "priority", "consequence", "literals",
-       "min_count", "supersedes", "derive", "derive_module", "check")
+       "min_count", "supersedes", "derive", "derive_module", "check", "quiet")
 _PATTERN_KEYS = ("patterns", "unless", "requires", "excludes", "context")
 
 
@@ -337,12 +113,13 @@ def rule_from_cache(path: "str | Path", kw: dict[str, Any], pats: dict[str, list
 
 
 def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = None,
-               derive_module: str | None = None) -> Rule:
+               derive_module: str | None = None, vocabulary: "Vocabulary | None" = None) -> Rule:
     """A Rule from one file's TOML data; RuleError says what is wrong.
 
     `literals` are the prefilter literals from an earlier, validated parse of the very
     same file (the compiled-rules cache): given them, the expensive pattern checks are
-    skipped."""
+    skipped. With a `vocabulary`, every template placeholder must be a fact something
+    produces for this rule."""
     validated = literals is None
     rid = data.get("id")
     if not isinstance(rid, str) or not _ID.match(rid):
@@ -367,18 +144,25 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     for key in ("priority", "min_count"):
         if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool)):
             raise RuleError(path, rid, f"'{key}' must be a whole number, not {data[key]!r}")
-    if "consequence" in data and not isinstance(data["consequence"], bool):
-        raise RuleError(path, rid, "'consequence' must be true or false")
+    for key in ("consequence", "quiet"):
+        if key in data and not isinstance(data[key], bool):
+            raise RuleError(path, rid, f"'{key}' must be true or false")
     if "doc" in data and not isinstance(data["doc"], dict):
         raise RuleError(path, rid, "'doc' must be a table ([doc])")
+    if "unrendered" in data and not (isinstance(data["unrendered"], dict)
+                                     and all(isinstance(v, str) for v in data["unrendered"].values())):
+        raise RuleError(path, rid, "'unrendered' must be a table of \"explanation.N\" / \"fixes.N\" / \"title.N\" = \"why no example renders it\"")
     for key in ("derive", "check"):
         if key in data and not isinstance(data[key], str):
             raise RuleError(path, rid, f"'{key}' must be a string")
+    if kind != "log" and "check" not in data:
+        raise RuleError(path, rid, f"a{'n' if kind[0] in 'aeiou' else ''} {kind} rule needs 'check', the name of its check")
     rule = Rule(
         id=rid, kind=kind, category=category, severity=severity, title=titles[0], titles=titles, path=path,
         summary=str(data.get("summary", "")).strip(),
         priority=int(data.get("priority", 50)),
         consequence=bool(data.get("consequence", False)),
+        quiet=bool(data.get("quiet", False)),
         min_count=int(data.get("min_count", 1)),
         supersedes=_text_list(path, rid, data, "supersedes"),
         derive=data.get("derive"),
@@ -388,9 +172,10 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         references=_text_list(path, rid, data, "references"),
         versions=str(data.get("versions", "")),
         doc={k: str(v).strip() for k, v in dict(data.get("doc", {})).items()},
-        examples=_examples(path, rid, data, "example") if validated else _cached_examples(data, "example"),
-        near_misses=_examples(path, rid, data, "near_miss") if validated else _cached_examples(data, "near_miss"),
+        examples=_examples(path, rid, data, "example", kind) if validated else cached_examples(data, "example"),
+        near_misses=_examples(path, rid, data, "near_miss", kind) if validated else cached_examples(data, "near_miss"),
         derive_module=derive_module,
+        unrendered={str(k): str(v) for k, v in dict(data.get("unrendered", {})).items()},
     )
     if kind == "log":
         if "patterns" not in data:
@@ -402,20 +187,31 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         for key in ("unless", "requires", "excludes", "context"):
             if key in data:
                 setattr(rule, key, _compile(path, rid, key, data[key], False, validated)[0])
-    else:
-        if not isinstance(rule.check, str):
-            raise RuleError(path, rid, "an env rule needs 'check', the name of its predicate")
     if not rule.examples:
         raise RuleError(path, rid, "needs at least one [[example]] that must match")
     if not rule.near_misses:
         raise RuleError(path, rid, "needs at least one [[near_miss]] that must not match")
     if rule.derive is not None and validated:
-        from .derive import DERIVERS, module_of
+        from .derive import deriver_names, module_of
 
-        if rule.derive not in DERIVERS:
-            raise RuleError(path, rid, f"derive {rule.derive!r} is not one of: {', '.join(sorted(DERIVERS))}")
+        if module_of(rule.derive) is None:
+            raise RuleError(path, rid, f"derive {rule.derive!r} is not one of: {', '.join(deriver_names())}")
         rule.derive_module = module_of(rule.derive)
+    _check_unrendered_keys(path, rule)
+    if vocabulary is not None and validated:
+        problem = vocabulary.problem(rule)
+        if problem:
+            raise RuleError(path, rid, problem)
     return rule
+
+
+def _check_unrendered_keys(path: "Path | str", rule: Rule) -> None:
+    for key in rule.unrendered:
+        part, _, n = key.partition(".")
+        templates = {"explanation": rule.explanation, "fixes": rule.fixes, "title": rule.titles}.get(part)
+        if templates is None or not n.isdigit() or not 1 <= int(n) <= len(templates):
+            raise RuleError(path, rule.id, f"unrendered: {key!r} names no sentence (use explanation.N, fixes.N "
+                                           f"or title.N, counting from 1)")
 
 
 def _builtin_rules_dir() -> str:
@@ -497,7 +293,8 @@ def _stat_files(directory: "str | Path") -> list[tuple[str, int, int]]:
     return out
 
 
-def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None = None) -> list[Rule]:
+def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None = None,
+             vocabulary: "Vocabulary | None" = None) -> list[Rule]:
     """The rules in one folder (and its subfolders); RuleError for the first bad one."""
     from . import rulecache
 
@@ -507,15 +304,15 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
     rules = []
     for name, mtime_ns, size in (_files if _files is not None else _stat_files(directory)):
         path = name  # a str: Rule.path makes the Path when someone asks for it
-        cached = cache.lookup(name, mtime_ns, size)
+        cached = cache.lookup(name, mtime_ns, size, checked=vocabulary is not None)
         if cached is not None:
             rule = rule_from_cache(path, *cached)
             rule._docs = (lambda name=name: cache.docs(name))
             rules.append(rule)
             continue
         data = _read_toml(path)
-        rule = parse_rule(path, data)
-        cache.store(name, mtime_ns, size, data, *cache_form(rule))
+        rule = parse_rule(path, data, vocabulary=vocabulary)
+        cache.store(name, mtime_ns, size, data, *cache_form(rule), checked=vocabulary is not None)
         rules.append(rule)
     cache.save()
     return rules
@@ -524,9 +321,8 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
 _CACHE: dict[tuple[str, ...], tuple[tuple, list[Rule]]] = {}
 
 
-
-
-def load_rules(extra: list[str | Path] | None = None, kind: str | None = None) -> list[Rule]:
+def load_rules(extra: "list[str | Path] | None" = None, kind: str | None = None,
+               vocabulary: "Vocabulary | None" = None) -> list[Rule]:
     """All rules: the built-in ones, MPDOCTOR_RULES_PATH, then `extra` folders.
 
     A later rule with the same id replaces an earlier one, so a user can override a
@@ -541,7 +337,7 @@ def load_rules(extra: list[str | Path] | None = None, kind: str | None = None) -
         by_id: dict[str, Rule] = {}
         for d, d_files in zip(dirs, files):
             seen: dict[str, str] = {}
-            for rule in load_dir(d, d_files):
+            for rule in load_dir(d, d_files, vocabulary):
                 if rule.id in seen:
                     raise RuleError(rule.path, rule.id, f"the same id is already used by {seen[rule.id]}")
                 seen[rule.id] = str(rule._path)

@@ -1,0 +1,154 @@
+"""The one path from a rule and its facts to a Finding, and the one merge of two
+findings of the same cause. Every face (explain, check, run, probe) ends here.
+
+- `assemble(rule, facts, evidence)`: renders the title (the first of the rule's titles
+  whose facts are all known; else the last, cut before its unfinished clause), the
+  explanation and the fixes; a deriver may lower or raise the severity through the
+  `severity` fact; `_name` facts feed the templates and are left out of the JSON.
+- `merge_findings(findings, rules)`: the same cause seen several times (on eight GPUs,
+  on several ranks, in the log and by the instrumentation) becomes one finding, with
+  the facts of both and re-rendered, so that a sentence the log alone could not fill
+  (the module the instrumentation saw) appears.
+- `supersede(findings, rules)`: a rule's `supersedes` list drops the more generic
+  findings it replaces, whatever face found them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+from ..findings import SEVERITIES, Evidence, Finding
+from .rule import Rule
+from .template import render_all, render_paragraph
+
+MAX_EVIDENCE = 6
+# Two findings of one rule are one cause when every fact they both know agrees, except
+# these, which say where or when it was seen, not what it is (the same NaN on rank 0 at
+# step 3 and on rank 1 at step 4; the same V100 model at index 0 and 1).
+WHERE_NOT_WHAT = frozenset({"gpu_index", "rank", "ranks", "step", "steps_affected", "user_frame", "exception",
+                            "input_min", "input_max", "pid", "line"})
+
+
+def assemble(rule: Rule, facts: dict[str, Any], evidence: Iterable[Evidence] = (), *, count: int = 1,
+             ranks: Iterable[int] = ()) -> Finding:
+    facts = dict(facts)
+    severity = facts.pop("severity", None)
+    if severity not in SEVERITIES:
+        severity = rule.severity
+    titles = render_all(rule.titles, facts)
+    finding = Finding(
+        rule=rule.id,
+        category=rule.category,
+        severity=severity,
+        title=titles[0] if titles else fallback_title(rule.titles[-1]),
+        explanation=render_paragraph(rule.explanation, facts),
+        fixes=render_all(rule.fixes, facts),
+        evidence=list(evidence),
+        facts={k: v for k, v in facts.items() if not k.startswith("_")},
+        references=list(rule.references),
+        count=count,
+        ranks=sorted(set(ranks)),
+        consequence=rule.consequence,
+        priority=rule.priority,
+    )
+    finding.all_facts = facts  # with the helpers: what a merge re-renders from
+    return finding
+
+
+# Where a clause starts: an open bracket, a colon, a dash, a comma, a sentence end.
+_CLAUSE = re.compile(r"\s*(?:[(\[:;,\u2014\u2013]|\s-\s|\.\s)")
+_DANGLING = " \t([{:;,.-\u2014\u2013"
+
+
+def fallback_title(title: str) -> str:
+    """A title whose facts are missing, as far as it reads complete: cut at the last
+    clause boundary before the first placeholder ("The GPU ran out of memory (asked
+    for {requested})" -> "The GPU ran out of memory"), never a dangling "(asked for"."""
+    head = title.split("{")[0]
+    if head == title:
+        return title.strip()
+    cut = head
+    last = None
+    for m in _CLAUSE.finditer(head):
+        if m.start() > 0:
+            last = m
+    if last is not None:
+        cut = head[:last.start()]
+    cut = cut.rstrip(_DANGLING)
+    # nothing before the first fact: the title with its holes marked
+    return cut or re.sub(r"\{[^{}]*\}", "…", title).strip()
+
+
+def same_cause(a: Finding, b: Finding) -> bool:
+    if a.rule != b.rule:
+        return False
+    for key in a.facts.keys() & b.facts.keys():
+        if key not in WHERE_NOT_WHAT and str(a.facts[key]) != str(b.facts[key]):
+            return False
+    return True
+
+
+def merge_findings(findings: list[Finding], rules: dict[str, Rule] | None = None, *,
+                   same_sighting: bool = False) -> list[Finding]:
+    """One finding per cause. `same_sighting`: the findings are views of one occurrence
+    (the log and the instrumentation of one run), so the count does not add up; else
+    each is another sighting (another GPU, another rank) and counts."""
+    out: list[Finding] = []
+    for f in findings:
+        target = next((g for g in out if same_cause(g, f)), None)
+        if target is None:
+            out.append(f)
+        else:
+            _merge_into(target, f, same_sighting, (rules or {}).get(f.rule))
+    return out
+
+
+def _merge_into(into: Finding, other: Finding, same_sighting: bool, rule: Rule | None) -> None:
+    ranks = sorted(set(into.ranks) | set(other.ranks))
+    if same_sighting:
+        into.count = max(into.count, other.count, len(ranks))
+    else:
+        into.count = max(into.count + other.count, len(ranks))
+    into.ranks = ranks
+    if len(ranks) > 1:
+        into.facts.pop("rank", None)
+    seen = {(e.line, e.text, e.source) for e in into.evidence}
+    for e in other.evidence:
+        if (e.line, e.text, e.source) not in seen and len(into.evidence) < MAX_EVIDENCE:
+            into.evidence.append(e)
+            seen.add((e.line, e.text, e.source))
+    into.priority = max(into.priority, other.priority)
+    into.consequence = into.consequence and other.consequence
+    if _rank(other.severity) < _rank(into.severity):
+        into.severity = other.severity
+    mine = getattr(into, "all_facts", None) or dict(into.facts)
+    theirs = getattr(other, "all_facts", None) or dict(other.facts)
+    added = {k: v for k, v in theirs.items() if k not in mine and k != "rank"}
+    if not added:
+        return
+    facts = {**mine, **added}
+    if rule is not None:  # re-render: a sentence the first sighting could not fill may now be
+        fresh = assemble(rule, facts)
+        into.title, into.explanation, into.fixes = fresh.title, fresh.explanation, fresh.fixes
+        into.facts = {k: v for k, v in fresh.facts.items() if k in into.facts or k in added}
+        into.all_facts = facts
+    else:
+        into.facts.update({k: v for k, v in added.items() if not k.startswith("_")})
+        into.all_facts = facts
+
+
+def _rank(severity: str) -> int:
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+
+
+def supersede(findings: list[Finding], rules: dict[str, Rule]) -> list[Finding]:
+    """Drop the findings of rules that a present finding's rule supersedes."""
+    present = {f.rule for f in findings}
+    dropped: set[str] = set()
+    for f in findings:
+        rule = rules.get(f.rule)
+        for other in (rule.supersedes if rule is not None else []):
+            if other in present and other != f.rule:
+                dropped.add(other)
+    return [f for f in findings if f.rule not in dropped]

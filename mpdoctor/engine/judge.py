@@ -1,0 +1,114 @@
+"""Predicate rules (env, run, probe): a named check judged over JSON evidence.
+
+A check is a small pure function of a view of the evidence (an environment snapshot, a
+wrapped run's recorded events, one probe mode's measurements). It returns a list of
+Hits (one per thing that is wrong: per GPU, per module, per library) or a Skip saying
+why it cannot be judged here. A Hit's facts fill the rule's templates; its evidence
+names the fields of the evidence it rests on.
+
+Checks declare the facts they produce (`@check(facts=...)`); the declaration is what
+the loader validates a rule's placeholders against. Nothing is registered by importing
+a module: a face builds its table of checks with `checks_in(module, ...)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Union
+
+from ..findings import Evidence, Finding
+from .assemble import assemble, merge_findings, supersede
+from .rule import Rule
+
+
+@dataclass
+class Hit:
+    facts: dict[str, Any] = field(default_factory=dict)
+    evidence: list[tuple[str, Any]] = field(default_factory=list)  # (field path, value)
+
+
+@dataclass
+class Skip:
+    reason: str
+
+
+Result = Union[list[Hit], Skip]
+
+
+@dataclass(frozen=True)
+class CheckInfo:
+    name: str
+    facts: tuple[str, ...]
+
+
+def check(*, facts: Iterable[str] = ()) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+    """Mark a function as a check producing `facts` (names; `_name` facts are helpers the
+    templates see and the finding's JSON does not)."""
+    def mark(fn: Callable[..., Result]) -> Callable[..., Result]:
+        fn.__check__ = CheckInfo(fn.__name__, tuple(facts))  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+def checks_in(*modules: Any) -> dict[str, Callable[..., Result]]:
+    """name -> check, for every function the modules mark with @check."""
+    out: dict[str, Callable[..., Result]] = {}
+    for module in modules:
+        for value in vars(module).values():
+            info = getattr(value, "__check__", None)
+            if isinstance(info, CheckInfo) and getattr(value, "__module__", None) == module.__name__:
+                if info.name in out:
+                    raise ValueError(f"check {info.name!r} is defined twice")
+                out[info.name] = value
+    return out
+
+
+class UnknownCheck(ValueError):
+    """A rule names a check the face does not have."""
+
+
+@dataclass
+class RuleOutcome:
+    rule: Rule
+    findings: list[Finding]
+    skipped: str | None = None
+
+
+def evidence_of(hit: Hit) -> list[Evidence]:
+    return [Evidence(text="(not set)" if val is None else str(val), line=None, source=path)
+            for path, val in hit.evidence]
+
+
+def judge_rules(view: Any, rules: list[Rule], checks: dict[str, Callable[..., Result]],
+                extra_facts: dict[str, Any] | None = None) -> list[RuleOutcome]:
+    """Every rule's check over `view`; `extra_facts` (what this face observed, e.g. the
+    dtype a run's first matmul produced) join each hit's facts where the check left
+    them unset. A check that raises is reported as skipped, never as a crash."""
+    outcomes = []
+    for rule in rules:
+        fn = checks.get(rule.check or "")
+        if fn is None:
+            raise UnknownCheck(f"{rule.path}: rule {rule.id!r} names check {rule.check!r}, which is not one of "
+                               f"mpdoctor's {rule.kind} checks ({', '.join(sorted(checks))})")
+        try:
+            result = fn(view)
+        except Exception as exc:  # a check bug on odd evidence: say so, do not crash
+            outcomes.append(RuleOutcome(rule, [], f"could not be judged ({type(exc).__name__}: {exc})"))
+            continue
+        if isinstance(result, Skip):
+            outcomes.append(RuleOutcome(rule, [], result.reason))
+            continue
+        found: list[Finding] = []
+        for hit in result:
+            facts = {k: v for k, v in hit.facts.items() if v not in (None, "")}
+            for k, v in (extra_facts or {}).items():
+                if v not in (None, ""):
+                    facts.setdefault(k, v)
+            found.append(assemble(rule, facts, evidence_of(hit)))
+        # eight identical V100s are one finding, x8
+        outcomes.append(RuleOutcome(rule, merge_findings(found, {rule.id: rule})))
+    kept = supersede([f for o in outcomes for f in o.findings], {o.rule.id: o.rule for o in outcomes})
+    keep_ids = {id(f) for f in kept}
+    for o in outcomes:
+        o.findings = [f for f in o.findings if id(f) in keep_ids]
+    return outcomes

@@ -1,0 +1,88 @@
+"""One probe mode judged by the rule base: the probe rules over its measurements, and,
+through run.diagnose, the run rules over what the watch saw and the env rules over the
+environment the mode's child ran in (with what the probe measured as observed facts).
+A failed mode's stderr is read by the log rules, as `explain` would read it."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..engine.assemble import merge_findings, supersede
+from ..engine.judge import checks_in, judge_rules
+from ..engine.rule import Rule
+from ..findings import Finding, rank_findings
+from . import checks as probe_checks
+from .evidence import ProbeView, read_probe_evidence
+
+_CHECKS: dict[str, Any] | None = None
+
+
+def _checks() -> dict[str, Any]:
+    global _CHECKS
+    if _CHECKS is None:
+        _CHECKS = checks_in(probe_checks)
+    return _CHECKS
+
+
+def tagged(f: Finding, mode: str) -> Finding:
+    """Every probe finding says which mode's run it rests on (facts.mode)."""
+    if f.facts.get("mode") != mode:
+        f.facts = {"mode": mode, **{k: v for k, v in f.facts.items() if k != "mode"}}
+    return f
+
+
+def judge_failed_mode(mode: str, stderr: str, rules: list[Rule]) -> tuple[list[Finding], list[str]]:
+    if not stderr.strip():
+        return [], []
+    from ..explain import explain_text
+
+    report = explain_text(stderr, rules, extra_facts={"mode": mode})
+    return [_as_trial(tagged(f, mode)) for f in report.findings], [u.exception for u in report.unrecognised]
+
+
+def judge_mode(evidence: dict[str, Any], rules: list[Rule], stderr: str = "") -> list[Finding]:
+    from ..run.diagnose import judge_run
+
+    view = ProbeView(evidence)
+    by_id = {r.id: r for r in rules}
+    findings = [f for o in judge_rules(view, [r for r in rules if r.kind == "probe"], _checks()) for f in o.findings]
+    observed = {"speedup": f"{view.speedup:.2f}x" if view.speedup is not None else None,
+                "torch_autocast_fp16_dtype": (view.result.get("torch_autocast_fp16") or {}).get("autocast_dtype")}
+    watch = view.observed.get("watch") or {}
+    run_evidence = {"schema": 1, "command": ["mpdoctor probe"], "exit_code": 0, "signal": None, "output": {},
+                    "processes": [{"rank": None, "pid": None, "world_size": None, "env": view.result.get("env") or {},
+                                   "watch": watch, "exceptions": [], "exit": {}, "progress": None,
+                                   "internal_errors": []}]}
+    run = judge_run(run_evidence, rules, output=stderr, observed={k: v for k, v in observed.items() if v},
+                    requested_from=f"the probe's {view.mode} mode")
+    findings += [f for f in run.findings if f.rule != "precision-plan"]
+    findings = merge_findings(supersede(findings, by_id), by_id, same_sighting=True)
+    return rank_findings([_as_trial(tagged(f, view.mode)) for f in findings])
+
+
+def _as_trial(f: Finding) -> Finding:
+    """A probed mode is a trial the user did not ask to train in: what goes wrong in it
+    is a warning about that mode, not an error of the user's setup."""
+    if f.severity == "error":
+        f.severity = "warning"
+    return f
+
+
+def save_evidence(evidence: dict[str, Any]) -> None:
+    """MPDOCTOR_SAVE_PROBE=DIR keeps each mode's evidence (how fixtures/probe/ was made)."""
+    folder = os.environ.get("MPDOCTOR_SAVE_PROBE")
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"probe-{evidence['mode']}.json"), "w", encoding="utf-8") as fh:
+            json.dump(evidence, fh, indent=1, default=str)
+    except OSError:
+        pass
+
+
+def probe_case(path: str, rules: list[Rule]) -> list[Finding]:
+    """How `rules test` judges an example that is a probe mode's recorded evidence."""
+    return judge_mode(read_probe_evidence(path), rules)

@@ -1,0 +1,79 @@
+"""The rule base as every face loads it: the rule folders, and the fact vocabulary
+that ties each rule kind to the checks that judge it.
+
+This is the composition root of the knowledge: the engine (mpdoctor.engine) knows no
+face, so the faces' checks and the facts they add are named here, as module paths
+imported only when a rule file has to be validated (a cache miss) or tested.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .engine.facts import Vocabulary
+    from .engine.rule import Rule
+    from .engine.selftest import CaseRunner
+
+# kind -> the modules whose @check functions judge rules of that kind
+CHECK_MODULES: dict[str, tuple[str, ...]] = {
+    "env": ("mpdoctor.env.predicates",),
+    "run": ("mpdoctor.run.checks",),
+    "probe": ("mpdoctor.probe.checks",),
+}
+# kind -> the facts faces add to rules of that kind when they judge them on their own
+# evidence ("module:ATTRIBUTE", a dict of fact -> where it comes from)
+ADDED_FACTS: dict[str, tuple[str, ...]] = {
+    "log": ("mpdoctor.run.evidence:EXCEPTION_CONTEXT_FACTS",),
+    "env": ("mpdoctor.run.evidence:OBSERVED_FACTS", "mpdoctor.probe.evidence:OBSERVED_FACTS"),
+}
+
+_VOCABULARY: "Vocabulary | None" = None
+
+
+def vocabulary() -> "Vocabulary":
+    global _VOCABULARY
+    if _VOCABULARY is None:
+        from .engine.facts import Vocabulary
+
+        _VOCABULARY = Vocabulary(CHECK_MODULES, ADDED_FACTS)
+    return _VOCABULARY
+
+
+def load(extra: "list[str | Path] | None" = None, kind: str | None = None) -> "list[Rule]":
+    """Every rule (built-in, MPDOCTOR_RULES_PATH, then `extra` folders), validated
+    against the fact vocabulary. Raises engine.rule.RuleError."""
+    from .engine.loader import load_rules
+
+    return load_rules(extra, kind, vocabulary())
+
+
+def load_folder(directory: "str | Path") -> "list[Rule]":
+    from .engine.loader import load_dir
+
+    return load_dir(directory, vocabulary=vocabulary())
+
+
+def case_runners() -> "dict[str, CaseRunner]":
+    """How `rules test` judges an example of each kind: the way its face would."""
+    from .engine.selftest import example_path
+    from .explain import explain_case
+
+    def evidence_case(rule: Any, ex: Any, rules: Any) -> Any:
+        kind, name = ex.evidence
+        path = str(example_path(rule, name))
+        if kind == "snapshot":
+            from .env.judge import snapshot_case
+
+            return snapshot_case(path, rules)
+        if kind == "events":
+            from .run.diagnose import events_case
+
+            return events_case(path, rules)
+        from .probe.judge import probe_case
+
+        return probe_case(path, rules)
+
+    return {"log": explain_case, "env": evidence_case, "run": evidence_case, "probe": evidence_case}

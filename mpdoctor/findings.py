@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The category contract (../shared/categories.md). Order is the table's order.
+# The category contract (docs/categories.md). Order is the table's order.
 CATEGORIES: tuple[str, ...] = (
     "bf16-unsupported",
     "fp16-unsupported-device",

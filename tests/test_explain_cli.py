@@ -171,7 +171,7 @@ def test_malformed_user_rule_is_a_clear_error(tmp_path, capsys):
     code, out, err = run_cli(["explain", log, "--rules", tmp_path / "mine"], capsys)
     assert code == 2 and out == ""
     assert err.startswith("mpdoctor: bad rule: ") and str(path) in err
-    assert "(rule 'broken-rule')" in err and "category 'not-a-category' is not in categories.md" in err
+    assert "(rule 'broken-rule')" in err and "category 'not-a-category' is not in docs/categories.md" in err
     assert "Traceback" not in err
     proc = run_proc(["rules", "list"], env={"MPDOCTOR_RULES_PATH": str(tmp_path / "mine")})
     assert proc.returncode == 2 and b"broken-rule" in proc.stderr and b"Traceback" not in proc.stderr
@@ -186,7 +186,7 @@ def test_rules_list_show_and_test(tmp_path, capsys):
     assert code == 0 and "my-rule" in {r["id"] for r in json.loads(out)}
     code, out, _ = run_cli(["rules", "show", "my-rule", "--rules", tmp_path / "mine", "--format", "markdown"], capsys)
     assert code == 0
-    for section in ("# my-rule", "**Mine failed (<code>)**", "## What it detects", "The mine failing.",
+    for section in ("# my-rule", "**Mine failed (⟨code⟩)**", "## What it detects", "The mine failing.",
                     "## Why it happens", "## Example", "MINE FAILED 3", "mpdoctor reports:", "> **Mine failed (3)**",
                     "## Fix", "1. Do the fix.", "## Not this rule", "a success line"):
         assert section in out, section

@@ -20,7 +20,7 @@ BAD = [
     (rule_toml("bad", id=None), ["needs an 'id'"]),
     (rule_toml("Bad_Id"), ["needs an 'id'"]),
     (rule_toml("bad", colour="red"), ["'bad'", "unknown keys: colour"]),
-    (rule_toml("bad", category="fp16-problem"), ["'bad'", "category 'fp16-problem' is not in categories.md"]),
+    (rule_toml("bad", category="fp16-problem"), ["'bad'", "category 'fp16-problem' is not in docs/categories.md"]),
     (rule_toml("bad", severity="fatal"), ["'bad'", "severity must be one of error, warning, info"]),
     (rule_toml("bad", title=""), ["'bad'", "needs a 'title'"]),
     (rule_toml("bad", patterns=None), ["'bad'", "a log rule needs 'patterns'"]),

@@ -17,6 +17,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
+def free_port() -> int:
+    """A port nobody listens on now: a fixed one collides with another run on a busy machine
+    (the launch then fails before any rank trains)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
 def test_two_ranks_first_failure_and_the_waiting_peer(tmp_path: Path) -> None:
     accelerate = shutil.which("accelerate", path=str(Path(PY).parent)) or "accelerate"
     report = tmp_path / "report.json"
@@ -24,9 +35,10 @@ def test_two_ranks_first_failure_and_the_waiting_peer(tmp_path: Path) -> None:
     # `--multi_gpu` on a machine without GPUs starts torchrun workers that pick MULTI_CPU/gloo.
     cmd = [PY, "-m", "mpdoctor", "run", "--report", str(report), "--", accelerate, "launch", "--multi_gpu",
            "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", "29731", str(ROOT / "fixtures" / "scripts" / "two_ranks.py")]
+           "--main_process_port", str(free_port()), str(ROOT / "fixtures" / "scripts" / "two_ranks.py")]
     p = subprocess.run(cmd, capture_output=True, timeout=180, cwd=tmp_path)
     data = json.loads(report.read_text())
+    assert "ranks" in data, p.stderr.decode()[-3000:]
     assert p.returncode == data["exit_code"] == 1
     assert b"step 1 loss" in p.stdout
     ranks = {r["rank"]: r for r in data["ranks"]}

@@ -80,10 +80,11 @@ def _rules_list(rules: list[Rule], args: Namespace) -> int:
 
 
 def _placeholders(template: str) -> str:
-    """A template shown as documentation: {requested} -> <requested>."""
+    """A template shown as documentation: {requested} -> ⟨requested⟩ (angle brackets
+    would be read as HTML by a markdown renderer, and vanish)."""
     import re
 
-    return re.sub(r"\{(\w+)[^{}]*\}", r"<\1>", template)
+    return re.sub(r"\{(\w+)[^{}]*\}", "⟨\\1⟩", template).replace("{{", "{").replace("}}", "}")
 
 
 def rule_doc_markdown(rule: Rule, rules: list[Rule] | None = None) -> str:
@@ -105,27 +106,20 @@ def rule_doc_markdown(rule: Rule, rules: list[Rule] | None = None) -> str:
         out += ["## Example", ""]
         if ex.note:
             out += [ex.note, ""]
-        if ex.snapshot:
-            out += [f"The environment snapshot `{ex.snapshot}`.", ""]
+        if ex.evidence is not None:
+            kind, name = ex.evidence
+            what = {"snapshot": "environment snapshot", "events": "recorded run", "probe": "recorded probe mode"}[kind]
+            out += [f"The {what} `{name}`.", ""]
         else:
             try:
                 text = example_text(rule, ex)
             except OSError:
                 text = f"(example file {ex.file} not found)"
-            lines = text.strip("\n").split("\n")
-            out += ["```text", "\n".join(lines[-25:]), "```", ""]
-            if rule.kind == "log":
-                from ..explain import explain_text
-
-                try:
-                    report = explain_text(text, rules if rules is not None else [rule])
-                except Exception:  # the page is still useful without it
-                    report = None
-                found = [f for f in report.findings if f.rule == rule.id] if report else []
-                if found:
-                    f = found[0]
-                    out += ["mpdoctor reports:", "", f"> **{f.title}**", ">"]
-                    out += [f"> {f.explanation}", ""] if f.explanation else [""]
+            out += ["```text", "\n".join(text.strip("\n").split("\n")[-25:]), "```", ""]
+        found = _reported(rule, ex, rules)
+        if found is not None:
+            out += ["mpdoctor reports:", "", f"> **{found.title}**", ">"]
+            out += [f"> {found.explanation}", ""] if found.explanation else [""]
     if rule.fixes:
         out += ["## Fix", ""] + [f"{i}. {_placeholders(f)}" for i, f in enumerate(rule.fixes, 1)] + [""]
     if rule.doc.get("fix"):
@@ -139,11 +133,37 @@ def rule_doc_markdown(rule: Rule, rules: list[Rule] | None = None) -> str:
         if text.strip():
             out += ["## Not this rule", ""] + ([nm.note, ""] if nm.note else [])
             out += ["```text", "\n".join(text.strip("\n").split("\n")[-12:]), "```", ""]
+    produced = _facts_of(rule)
+    if produced:
+        out += ["## Facts", "", "What this rule's sentences can say, and where each comes from:", ""]
+        out += [f"- `{name}`: {where}" for name, where in sorted(produced.items()) if not name.startswith("_")]
+        out += [""]
     if rule.references:
         out += ["## References", ""] + [f"- <{r}>" for r in rule.references] + [""]
     out += [f"{len(rule.examples)} example(s), {len(rule.near_misses)} near miss(es), tested by "
             f"`mpdoctor rules test` · `{rule.path}`", ""]
     return "\n".join(out)
+
+
+def _reported(rule: Rule, ex: Any, rules: list[Rule] | None) -> Any:
+    """This rule's finding on its example, as the face that reads that evidence makes it."""
+    from ..rulebase import case_runners
+
+    runner = case_runners().get(rule.kind)
+    try:
+        found = runner(rule, ex, rules if rules is not None else [rule]) if runner else []
+    except Exception:  # the page is still useful without it
+        return None
+    return next((f for f in found if f.rule == rule.id), None)
+
+
+def _facts_of(rule: Rule) -> dict[str, str]:
+    from ..rulebase import vocabulary
+
+    try:
+        return vocabulary().produced(rule)
+    except Exception:  # the page is still useful without it
+        return {}
 
 
 def _rules_show(rules: list[Rule], args: Namespace) -> int:
@@ -162,7 +182,7 @@ def _rules_show(rules: list[Rule], args: Namespace) -> int:
         sys.stdout.write(json.dumps({"id": rule.id, "kind": rule.kind, "category": rule.category,
                                      "severity": rule.severity, "title": rule.title, "doc": rule.doc,
                                      "fixes": rule.fixes, "references": rule.references,
-                                     "path": str(rule.path)}, indent=2) + "\n")
+                                     "facts": _facts_of(rule), "path": str(rule.path)}, indent=2) + "\n")
     elif args.format == "markdown":
         sys.stdout.write(doc)
     else:

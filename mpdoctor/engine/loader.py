@@ -132,7 +132,7 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         raise RuleError(path, rid, f"kind must be one of {', '.join(RULE_KINDS)}, not {kind!r}")
     category = data.get("category")
     if category not in CATEGORIES:
-        raise RuleError(path, rid, f"category {category!r} is not in categories.md")
+        raise RuleError(path, rid, f"category {category!r} is not in docs/categories.md")
     severity = data.get("severity", "error")
     if severity not in SEVERITIES:
         raise RuleError(path, rid, f"severity must be one of {', '.join(SEVERITIES)}")

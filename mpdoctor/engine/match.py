@@ -30,7 +30,7 @@ class Hit:
     """A pattern's match on a line. `key` is the matched text onwards with its numbers
     masked: what makes two hits the same message whatever stands before it on the line
     (a prefix, a JSON key, a module path); `exact` keeps the numbers, to count distinct
-    sightings on lines without a rank. (Plain classes here: see logtext._Plain.)"""
+    sightings on lines without a rank. (Plain classes here: see logtext.lines._Plain.)"""
 
     __slots__ = ("line", "facts", "key", "exact")
 

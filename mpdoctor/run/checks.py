@@ -337,7 +337,12 @@ def rank_story(v: RunView) -> list[dict[str, Any]]:
         else:
             entry["status"] = "was killed" + (f" during {where}" if where else "")
         out.append(entry)
-    return out
+    # a rank of the group that left nothing (killed before its first step) is part of the story
+    seen = {e["rank"] for e in out}
+    for r in range(v.world_size):
+        if r not in seen and len(out) < 64:
+            out.append({"rank": r, "pid": None, "step": None, "status": "left no record (it never reached a step)"})
+    return sorted(out, key=lambda e: e["rank"])
 
 
 @check(facts=("story", "first_failed_rank", "ranks", "_details"))

@@ -150,5 +150,11 @@ class RunView:
         return {}
 
     @property
+    def world_size(self) -> int:
+        return max([p.world_size or 1 for p in self.watched if p.rank is not None] or [1])
+
+    @property
     def multi_rank(self) -> bool:
-        return len({p.rank for p in self.watched if p.rank is not None}) > 1
+        """Ranked processes of a group (WORLD_SIZE > 1), or more than one rank recorded."""
+        ranks = {p.rank for p in self.watched if p.rank is not None}
+        return len(ranks) > 1 or (bool(ranks) and self.world_size > 1)

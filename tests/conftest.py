@@ -1,0 +1,53 @@
+"""Every test runs isolated from the user's machine: its own rule cache (never the
+user's ~/.cache/mpdoctor), no user rules folder (MPDOCTOR_RULES_PATH), no debug or
+fault switches. Set at import, before any test module loads the rule base, and for
+the subprocesses the tests start, which inherit the environment.
+
+It also records the rule id of every finding made in this process; at the end of the
+session each must be a documented rule of the rule base (tests/test_rule_ids.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+_CACHE = tempfile.mkdtemp(prefix="mpdoctor-test-cache-")
+os.environ["MPDOCTOR_CACHE_DIR"] = _CACHE
+for _name in ("MPDOCTOR_RULES_PATH", "MPDOCTOR_NO_CACHE", "MPDOCTOR_DEBUG", "MPDOCTOR_INSTRUMENT_FAIL",
+              "MPDOCTOR_PROBE_FAULT", "MPDOCTOR_SAVE_EVENTS", "MPDOCTOR_SAVE_PROBE"):
+    os.environ.pop(_name, None)
+
+from mpdoctor import findings as _findings  # noqa: E402  (after the environment is set)
+from mpdoctor.engine import assemble as _assemble  # noqa: E402
+
+EMITTED: set[str] = set()       # the rule id of every Finding made in this process
+TEST_RULES: set[str] = set()    # ids of rules that tests wrote into their own tmp folders
+_post_init = _findings.Finding.__post_init__
+_assemble_fn = _assemble.assemble
+_BUILTIN = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "rules"))
+
+
+def _recording_post_init(self: _findings.Finding) -> None:
+    _post_init(self)
+    EMITTED.add(self.rule)
+
+
+def _recording_assemble(rule, *args, **kwargs):
+    if not os.path.realpath(str(rule.path)).startswith(_BUILTIN):
+        TEST_RULES.add(rule.id)
+    return _assemble_fn(rule, *args, **kwargs)
+
+
+_findings.Finding.__post_init__ = _recording_post_init  # type: ignore[method-assign]
+_assemble.assemble = _recording_assemble
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "slow: a live test that trains or launches processes (deselect with "
+                                       "-m 'not slow' for a fast inner loop)")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    shutil.rmtree(_CACHE, ignore_errors=True)

@@ -136,7 +136,7 @@ def grep_phrases() -> list[str]:
     """One literal phrase per log rule (its longest required literal), as grep would
     be used to look for what the rule base knows."""
     sys.path.insert(0, str(ROOT))
-    from mpdoctor.engine.rules import load_rules
+    from mpdoctor.rulebase import load as load_rules
 
     phrases = set()
     for rule in load_rules():

@@ -159,6 +159,25 @@ class Prefilter:
         self.checks: dict[tuple[str, bool], list | None] = {}
 
 
+_MARKUP = re.compile(rb"\*\*|`")
+_PERCENT = re.compile(rb"%(?!0[aAdD])([0-9A-Fa-f]{2})")
+_GLUED_COLON = re.compile(rb"(?:(?<=rror)|(?<=ception)|(?<=arning)|(?<=ailed)|(?<=FAILED)|(?<=ERROR)):(?=[A-Za-z])")
+
+
+def paste_view(buf: bytes) -> bytes:
+    """The chunk with the paste folds the normaliser applies to each line
+    (logtext.clean.fold_paste): markdown marks and backticks out, URL-encoding undone, a
+    glued colon spaced. Never removes a line break, so a line keeps its number."""
+    view = buf
+    if b"**" in view or b"`" in view:
+        view = _MARKUP.sub(b"", view)
+    if b"%" in view and _PERCENT.search(view):
+        view = _PERCENT.sub(lambda m: bytes([int(m.group(1), 16)]), view)
+    if b":" in view and _GLUED_COLON.search(view):
+        view = _GLUED_COLON.sub(b": ", view)
+    return view
+
+
 class _PyLiteralFinder:
     """The pure-Python scan: literals found with bytes.find (memchr-fast), each in its
     pattern's own case (so "inf" is not found in every "INFO"), and each hit kept only
@@ -193,7 +212,16 @@ class _PyLiteralFinder:
     def positions(self, buf: bytes) -> list[int]:
         low = buf.lower()
         out: list[int] = []
+        # a space of a literal may be a line break where a paste was wrapped: those
+        # literals are looked for across lines too (the same length: offsets hold)
+        joined = low.replace(b"\n", b" ") if b"\n" in low else low
         for lit, caseless, checks in self.scan:
+            if b" " in lit and joined is not low:
+                i = joined.find(lit)
+                while i >= 0:
+                    if low.find(b"\n", i, i + len(lit)) >= 0:
+                        out.append(i)  # it spans a line break: kept, the matcher joins the lines
+                    i = joined.find(lit, i + 1)
             hay = low if caseless else buf
             find = hay.find
             i = find(lit)
@@ -330,7 +358,7 @@ class RegionScanner:
         if self.pending_after:
             spans.append((0, _nth_newline_after(buf, 0, self.pending_after)))
         end_wanted = 0
-        for pos in self.finder.positions(buf):
+        for pos in _positions_in(self.finder, buf):
             if pos < end_wanted:
                 continue
             start = _back_lines(buf, pos, LINES_BEFORE)
@@ -387,6 +415,24 @@ class RegionScanner:
             old = self.tail.popleft()
             self.tail_bytes -= len(old[2])
             self.dropped_bytes += len(old[2])
+
+
+def _positions_in(finder, buf: bytes) -> list[int]:
+    """The finder's hits over the chunk's paste view, as offsets into the chunk itself
+    (the view removes characters but no line break: a hit keeps its line)."""
+    view = paste_view(buf)
+    found = finder.positions(view)
+    if view is buf or not found:
+        return found
+    import bisect
+
+    view_lines = [m.start() for m in re.finditer(b"\n", view)]
+    buf_lines = [m.start() for m in re.finditer(b"\n", buf)]
+    out = []
+    for pos in found:
+        line = bisect.bisect_left(view_lines, pos)
+        out.append(buf_lines[line - 1] + 1 if line > 0 else 0)
+    return out
 
 
 def _back_lines(buf: bytes, pos: int, n: int) -> int:

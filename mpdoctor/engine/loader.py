@@ -42,6 +42,10 @@ def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise RuleError(path, rid, f"'{key}' must be a string or a list of strings")
+    from .patterns import tolerant
+
+    # backticks, quotes and `__` a rendered or retyped paste lost: optional
+    value = [tolerant(v) for v in value]
     literals: list[str] = []
     runs: list[tuple[list[str], bool]] = [([], False)] * len(value)
     if validate:

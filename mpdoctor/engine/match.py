@@ -91,6 +91,88 @@ def minimal_literals(literals: list[str]) -> tuple[list[str], dict[str, list[str
     return minimal, implied
 
 
+def _first_match(rule: Rule, text: str, low: str) -> re.Match[str] | None:
+    """The first pattern of `rule` that matches `text`, as written, else case-folded
+    (a message retyped in other capitals); None, also when an `unless` pattern vetoes."""
+    for folded in (False, True):
+        for rx in rule.patterns:
+            if folded:
+                if not rx.may_match_folded(low):
+                    continue
+                m = rx.search_folded(text)
+            else:
+                if not rx.may_match(text, low):
+                    continue
+                m = rx.search(text)
+            if m is None:
+                continue
+            if any(u.search(text) for u in rule.unless):
+                return None
+            return m
+    return None
+
+
+# A line cut by a hard wrap: what does not start a line of its own.
+_NEW_THING = re.compile(r"^(?:File \"|Traceback \(|During handling|The above exception|\[?[\w.]{0,60}(?:Error|Exception|Warning)\b|"
+                        r"\d{4}-\d\d-\d\d|\[rank\d|#\d+ |[-=*#|>]{2})")
+_ENDS_WORD = re.compile(r"[A-Za-z0-9_]$")
+MAX_JOIN = 3
+
+
+def wrap_width(lines: list[LogLine]) -> int | None:
+    """The column a paste was hard-wrapped at, when it was: at least three lines end
+    within a word's length of the longest one, and that is 40-300 characters."""
+    lengths = [len(ln.raw or ln.text) for ln in lines if ln.text]
+    if len(lengths) < 3:
+        return None
+    width = max(lengths)
+    if not 40 <= width <= 300:
+        return None
+    near = sum(1 for n in lengths if n >= width - 12)
+    return width if near >= 3 else None
+
+
+def wrap_joins(lines: list[LogLine]) -> list[LogLine]:
+    """The logical lines a hard wrap may have cut, joined again (each join twice: with a
+    space, as a wrap at a space; and without, as a word split in two). They keep the
+    first line's number, so that evidence points at where the message starts."""
+    width = wrap_width(lines)
+    out: list[LogLine] = []
+    for i in range(len(lines) - 1):
+        group = [lines[i]]
+        for j in range(i + 1, min(i + MAX_JOIN, len(lines))):
+            a, b = group[-1], lines[j]
+            if not _wrapped(a, b, width):
+                break
+            group.append(b)
+            for sep in (" ", ""):
+                text = sep.join(x.text.strip() if k else x.text.rstrip() for k, x in enumerate(group))
+                raw = " ".join((x.raw or x.text).strip() for x in group)
+                out.append(LogLine(group[0].no, text, group[0].rank, raw, group[0].stream))
+                if not (_ENDS_WORD.search(a.text) and b.text[:1].isalnum()):
+                    break  # not cut inside a word: the spaced join is the only one
+    return out
+
+
+_EXCEPTION_START = re.compile(r"^[\w.]{0,80}(?:Error|Exception|Warning)\b:? ")
+
+
+def _wrapped(a: LogLine, b: LogLine, width: int | None) -> bool:
+    """Could `b` be the rest of `a`, cut by a wrap? (A join is only ever a second chance
+    for a rule that matched neither line alone.)"""
+    if b.no != a.no + 1 or a.stream != b.stream or (b.rank is not None and b.rank != a.rank):
+        return False
+    at, bt = a.text.rstrip(), b.text.strip()
+    if len(at) < 20 or not bt or _NEW_THING.match(bt):
+        return False
+    if width is not None and len(a.raw or a.text) >= width - 30:
+        return True  # a paste wrapped at a fixed column (at a space: the next word did not fit)
+    if _EXCEPTION_START.match(at):
+        return True  # an exception's message continued on the next line
+    # a word cut in two at the end of a long line ("collective opera" / "tion timeout")
+    return len(at) >= 40 and bool(_ENDS_WORD.search(at)) and bt[:1].islower()
+
+
 def _window(text: str, literal_pos: int) -> str:
     if len(text) <= MAX_MATCH_CHARS:
         return text
@@ -125,6 +207,19 @@ class LogMatcher:
     # -- hits ---------------------------------------------------------------------------
 
     def hits(self, lines: list[LogLine]) -> dict[int, list[Hit]]:
+        """rule index -> its hits, over the view of the log a rule sees: each logical line
+        (patterns case-sensitive first, then case-folded), and, where no pattern of a
+        rule matched a line on its own, the line joined with the lines a hard wrap cut it
+        from (a paste wrapped at a fixed width, a word split in two)."""
+        by_rule: dict[int, list[Hit]] = {}
+        self._scan(lines, by_rule, set())
+        hit_lines = {(ri, h.line.no) for ri, hs in by_rule.items() for h in hs}
+        joins = wrap_joins(lines)
+        if joins:
+            self._scan(joins, by_rule, hit_lines)
+        return by_rule
+
+    def _scan(self, lines: list[LogLine], by_rule: dict[int, list[Hit]], skip: set[tuple[int, int]]) -> None:
         lows = [ln.text.lower() for ln in lines]
         starts: list[int] = []
         pos = 0
@@ -143,26 +238,20 @@ class LogMatcher:
                 if ri not in slot or at < slot[ri]:
                     slot[ri] = at
 
-        by_rule: dict[int, list[Hit]] = {}
         for li in sorted(per_line):
             ln = lines[li]
             for ri, at in sorted(per_line[li].items()):
+                if skip and ((ri, ln.no) in skip or (ri, ln.no + 1) in skip):
+                    continue  # a join never second-guesses a line the rule already matched
                 rule = self.rules[ri]
                 text = _window(ln.text, at)
-                low = lows[li] if text is ln.text else None
-                for rx in rule.patterns:
-                    if not rx.may_match(text, low):
-                        continue
-                    m = rx.search(text)
-                    if m is None:
-                        continue
-                    if any(u.search(text) for u in rule.unless):
-                        break
-                    facts = {k: v for k, v in m.groupdict().items() if v is not None}
-                    by_rule.setdefault(ri, []).append(Hit(ln, facts, _same_message(text[m.start():]),
-                                                          text[m.start():m.start() + MAX_EVIDENCE_CHARS]))
-                    break
-        return by_rule
+                low = lows[li] if text is ln.text else text.lower()
+                m = _first_match(rule, text, low)
+                if m is None:
+                    continue
+                facts = {k: v for k, v in m.groupdict().items() if v is not None}
+                by_rule.setdefault(ri, []).append(Hit(ln, facts, _same_message(text[m.start():]),
+                                                      text[m.start():m.start() + MAX_EVIDENCE_CHARS]))
 
     # -- findings -----------------------------------------------------------------------
 
@@ -191,6 +280,13 @@ class LogMatcher:
         findings = supersede(findings, self._by_id)
         _causes_first(findings, tb_of, tracebacks)
         unrecognised = _unrecognised(tracebacks, explained, findings)
+        if all(f.consequence for f in findings):
+            # the last line of defence: no rule found a cause (at most a launcher's echo),
+            # yet an error is there, in words a rule knows
+            from .likely import likely_findings
+
+            likely, unrecognised = likely_findings(lines, unrecognised, self.rules, extra_facts, findings)
+            findings += likely
         return rank_findings(findings), unrecognised
 
     def _finding(self, rule: Rule, hits: list[Hit], whole: "_WholeLog", tracebacks: list[Traceback],

@@ -279,3 +279,74 @@ def _starts_with_literal(seq: list) -> bool:
 
 
 __all__ = ["PatternError", "required_literals", "check_bounded", "fixed_runs", "MIN_LITERAL", "AT", "IN"]
+
+
+# Characters a paste loses when markdown renders it (backticks, the `__` of `__init__`)
+# or a reporter retypes it (quotes): a pattern matches with or without them.
+_OPTIONAL = ("`", "'", '"')
+
+
+def tolerant(pattern: str) -> str:
+    """`pattern` with its literal backticks, quotes and double underscores made optional,
+    outside character classes and lookbehinds: the message a markdown renderer or a
+    retyping reporter damaged still matches. Returns the pattern unchanged when the
+    result would not compile."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = False
+    behind = 0  # depth of (?<= / (?<! groups: their width must stay fixed
+    depth_stack: list[bool] = []
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            out.append(c)
+            if c == "]":
+                in_class = False
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            out.append(c)
+            if pattern[i + 1:i + 2] == "]":  # "[]...]": a literal ] first
+                out.append("]")
+                i += 1
+            i += 1
+            continue
+        if c == "(":
+            is_behind = pattern.startswith(("(?<=", "(?<!"), i)
+            depth_stack.append(is_behind)
+            behind += is_behind
+            out.append(c)
+            i += 1
+            continue
+        if c == ")":
+            if depth_stack and depth_stack.pop():
+                behind -= 1
+            out.append(c)
+            i += 1
+            continue
+        nxt = pattern[i + 1:i + 2]
+        quantified = nxt in ("?", "*", "+", "{")
+        if not behind and not quantified and c in _OPTIONAL:
+            # the mark, or nothing where a mark could have been: never inside a word, so
+            # that a quote that ends a token still ends it ('Half' is not 'HalfTensor')
+            out.append(f"(?:{re.escape(c)}|(?<!\\w)|(?!\\w))")
+            i += 1
+            continue
+        if (not behind and pattern.startswith("__", i) and pattern[i + 2:i + 3] not in ("?", "*", "+", "{", ")")
+                and not "".join(out).endswith("(?:")):
+            out.append("(?:__)?")
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    result = "".join(out)
+    try:
+        re.compile(result)
+    except re.error:
+        return pattern
+    return result

@@ -3,8 +3,14 @@ excludes / context pattern) could match, as native (Hyperscan) expressions and, 
 the pure-Python scan, literals with the ordered fixed runs to check on their line.
 
 Built from what the rule cache holds (each pattern's ordered fixed runs), so it costs
-no pattern parsing. Complete by construction: every match of a pattern contains each of
-its fixed runs in order, so a line without them cannot match.
+no pattern parsing. Complete by construction over the view the matcher reads: every match
+of a pattern contains each of its fixed runs in order, so a line without them cannot
+match; the scan is case-insensitive (the matcher's second chance folds case), a space
+of a fixed run may be a line break (a paste wrapped at a space: the matcher joins the
+lines again), and it reads the chunk with the paste folds the normaliser applies
+(markdown marks and URL-encoding undone: scan.paste_view). Not covered: a word split in
+the middle by a wrap, which the matcher rejoins only in logs read whole (16 MB and less,
+every paste).
 """
 
 from __future__ import annotations
@@ -30,12 +36,12 @@ def build_prefilter(rules: list[Rule]) -> Any:
                 expressions.extend((escape_bytes(lit), True) for lit in rule.literals)
                 for lit in rule.literals:
                     scan_literals.add(lit)
-                    checks.setdefault((lit, True), []).append(None)
+                    checks.setdefault((lit.lower(), True), []).append(None)
                 continue
             expressions.append(expr)
             for alt in step:  # the pure-Python scan: this step, in the pattern's case
                 scan_literals.add(alt.lower())
-                checks.setdefault((alt, rx.caseless), []).append((rx.runs, rx.caseless))
+                checks.setdefault((alt.lower(), True), []).append((rx.runs, True))
         for rx in (*rule.requires, *rule.excludes, *rule.context):
             expr = native_expression(rx)
             step = scan_step(rx)
@@ -43,6 +49,9 @@ def build_prefilter(rules: list[Rule]) -> Any:
                 continue  # nothing fixed to look for: the head of the log still has it
             first_expressions.append(expr)
             first_literals.update(a.lower() for a in step)
+    # the matcher folds case as a second chance: the scan is caseless for every pattern
+    expressions = [(e, True) for e, _ in expressions]
+    first_expressions = [(e, True) for e, _ in first_expressions]
     prefilter = Prefilter(sorted(scan_literals), sorted(set(expressions)),
                           sorted(first_literals), sorted(set(first_expressions)))
     # (literal, caseless) -> the runs to check on its line; None keeps every hit
@@ -96,6 +105,7 @@ def is_common(step: tuple[str, ...], caseless: bool) -> bool:
 
 
 def escape_bytes(lit: str) -> bytes:
-    """A literal as a Hyperscan expression (every non-alphanumeric byte as \\xHH)."""
-    return "".join(c if c.isascii() and c.isalnum() else "".join(f"\\x{b:02x}" for b in c.encode())
-                   for c in lit).encode("ascii")
+    """A literal as a Hyperscan expression (every non-alphanumeric byte as \\xHH; a space
+    may also be a line break, where a paste was wrapped)."""
+    return "".join(c if c.isascii() and c.isalnum() else (r"(?:\x20|\r?\n)" if c == " " else
+                   "".join(f"\\x{b:02x}" for b in c.encode())) for c in lit).encode("ascii")

@@ -41,11 +41,13 @@ class LazyPattern:
     only the few whose literal it contains. Behaves like the `re.Pattern` it wraps.
     """
 
-    __slots__ = ("pattern", "_rx", "runs", "caseless")
+    __slots__ = ("pattern", "_rx", "_rx_folded", "runs", "caseless", "_runs_low")
 
     def __init__(self, pattern: str, runs=(), caseless: bool = False):
         self.pattern = pattern
         self._rx: re.Pattern[str] | None = None
+        self._rx_folded: re.Pattern[str] | None = None
+        self._runs_low: tuple | None = None
         # Literal runs every match contains, in order (lower-cased when caseless): a line
         # without them is skipped before the pattern is compiled or run.
         self.runs = runs if type(runs) is tuple else tuple(
@@ -63,6 +65,21 @@ class LazyPattern:
         if self._rx is None:
             self._rx = re.compile(self.pattern)
         return self._rx
+
+    def may_match_folded(self, low: str) -> bool:
+        """may_match for the case-folded second chance (`low` is the lower-cased text)."""
+        if not self.runs:
+            return True
+        if self._runs_low is None:
+            self._runs_low = tuple(tuple(a.lower() for a in step) for step in self.runs)
+        return runs_in_order(low, self._runs_low)
+
+    def search_folded(self, string: str) -> re.Match[str] | None:
+        """The pattern case-insensitively: a message retyped in other capitals
+        ("current loss scale already at minimum")."""
+        if self._rx_folded is None:
+            self._rx_folded = re.compile(self.pattern, re.IGNORECASE)
+        return self._rx_folded.search(string)
 
     def search(self, string: str, *args: int) -> re.Match[str] | None:
         return self.compiled.search(string, *args)

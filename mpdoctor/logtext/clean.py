@@ -123,8 +123,34 @@ def _wide_punct(m: re.Match[str]) -> str:
     return _WIDE_MAP[m.group(2)]
 
 
+# What a paste gained or lost on its way through a web page or a chat window, undone:
+# URL-encoding (%20), markdown emphasis and code marks around words, a colon retyped
+# without its space ("CUDA error:out of memory").
+_PERCENT = _LazyRe(r"%([0-9A-Fa-f]{2})")
+_GLUED_COLON = _LazyRe(r"(?:(?<=[Ee]rror)|(?<=[Ee]xception)|(?<=[Ww]arning)|(?<=[Ff]ailed)|(?<=FAILED)|(?<=ERROR))"
+                       r":(?=[A-Za-z])")
+
+
+def fold_paste(line: str) -> str:
+    """Undo what a web page did to a pasted line: URL-encoding, markdown's ** and
+    backticks, a colon that lost its space. Library messages never contain these, so
+    rules see the message as the library wrote it."""
+    if "%" in line and len(_PERCENT.findall(line[:_HEAD])) >= 2:
+        decoded = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), line)
+        if decoded.isprintable():
+            line = decoded
+    if "**" in line:
+        line = line.replace("**", "")
+    if "`" in line:
+        line = line.replace("`", "")
+    if ":" in line:
+        line = _GLUED_COLON.sub(": ", line)
+    return line
+
+
 def clean_physical_line(line: str) -> str:
-    """ANSI codes and control characters out; punctuation made ASCII; right padding off."""
+    """ANSI codes and control characters out; punctuation made ASCII; right padding off;
+    what a web page did to a paste undone (fold_paste)."""
     if "\x1b" in line or "[" in line:
         line = _ANSI.sub("", line)
     line = _CONTROL.sub("", line)
@@ -135,7 +161,7 @@ def clean_physical_line(line: str) -> str:
                 line = line.replace(fancy, plain)
         line = unicodedata.normalize("NFKC", line).replace("\ufffd", "?")
         line = _TRAILING_PUNCT_SPACE.sub("", line)
-    return line.rstrip()
+    return fold_paste(line).rstrip()
 
 
 def strip_prefixes(line: str) -> tuple[str, int | None]:

@@ -154,3 +154,26 @@ def test_builtin_rules_all_load_and_have_literals():
         if r.kind == "log":
             assert r.literals and all(len(lit) >= 3 and lit == lit.lower() for lit in r.literals), r.id
             assert isinstance(r.path, Path) and r.path.is_file()
+
+
+def test_a_rule_read_back_from_the_cache_is_the_rule_in_its_file(tmp_path, monkeypatch):
+    """Every attribute a face or `rules test` reads is the same whether the rule was just
+    parsed or read back from a warm cache (a key missing from the cached docs once made
+    every [unrendered] excuse vanish on the second run)."""
+    builtin = Path(rulebase.__file__).resolve().parent.parent / "rules"
+    monkeypatch.setenv("MPDOCTOR_NO_CACHE", "1")
+    rulecache.reset()
+    fresh = {r.id: r for r in rulebase.load_folder(builtin)}
+    monkeypatch.delenv("MPDOCTOR_NO_CACHE")
+    rulecache.reset()
+    rulebase.load_folder(builtin)  # fills the cache
+    rulecache.reset()
+    cached = {r.id: r for r in rulebase.load_folder(builtin)}
+    assert cached.keys() == fresh.keys()
+    attrs = ("kind", "category", "severity", "priority", "titles", "summary", "explanation", "fixes",
+             "references", "doc", "unrendered", "literals", "check", "supersedes")
+    for rid, rule in fresh.items():
+        for attr in attrs:
+            assert getattr(cached[rid], attr, None) == getattr(rule, attr, None), (rid, attr)
+        assert cached[rid].examples == rule.examples, rid
+        assert cached[rid].near_misses == rule.near_misses, rid

@@ -17,9 +17,10 @@ import os
 import sys
 from typing import Any
 
-_FORMAT = 9
+_FORMAT = 10
 # kept in a second file, read only when a finding or a rule page needs them
-_DOC_KEYS = ("doc", "example", "near_miss", "explanation", "fixes", "references", "summary", "versions")
+_DOC_KEYS = ("doc", "example", "near_miss", "explanation", "fixes", "references", "summary", "versions",
+             "unrendered")
 
 
 class _Dir(str):

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 # kind -> the modules whose @check functions judge rules of that kind
 CHECK_MODULES: dict[str, tuple[str, ...]] = {
-    "env": ("mpdoctor.env.predicates",),
+    "env": ("mpdoctor.env.checks.precision", "mpdoctor.env.checks.driver", "mpdoctor.env.checks.libraries",
+            "mpdoctor.env.checks.config", "mpdoctor.env.checks.memory"),
     "run": ("mpdoctor.run.checks",),
     "probe": ("mpdoctor.probe.checks",),
 }
@@ -76,4 +77,8 @@ def case_runners() -> "dict[str, CaseRunner]":
 
         return probe_case(path, rules)
 
-    return {"log": explain_case, "env": evidence_case, "run": evidence_case, "probe": evidence_case}
+    def log_case(rule: Any, ex: Any, rules: Any) -> Any:
+        # a log rule's example may be a recorded run: the exception a process raised
+        return evidence_case(rule, ex, rules) if ex.evidence is not None else explain_case(rule, ex, rules)
+
+    return {"log": log_case, "env": evidence_case, "run": evidence_case, "probe": evidence_case}

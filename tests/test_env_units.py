@@ -15,7 +15,7 @@ from mpdoctor.cli import main
 from mpdoctor.knowledge import compat
 from mpdoctor.env.accel_config import collect_accelerate_config, default_config_path, parse_simple_yaml
 from mpdoctor.env.plan import deepspeed_mode
-from mpdoctor.env.predicates import _alloc_problems
+from mpdoctor.env.checks.config import _alloc_problems
 from mpdoctor.env.redact import anonymize_snapshot, is_secret_name, redact_snapshot, redact_text
 from mpdoctor.env.view import parse_visible_devices
 

@@ -1,6 +1,6 @@
 """Apply the environment rules to a snapshot: findings, the checklist, the plan.
 
-The rules' text lives in rules/env/*.toml; their logic in predicates.py; engine.judge
+The rules' text lives in rules/env/*.toml; their logic in env/checks/; engine.judge
 joins the two. This module ranks the findings with the same model as `explain`, and
 lays out the checklist (one line per area) that `mpdoctor check` prints.
 """
@@ -13,9 +13,9 @@ from ..engine.judge import RuleOutcome, UnknownCheck, checks_in, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding, Report, rank_findings
 from ..knowledge import compat
-from . import predicates
+from ..knowledge.units import gib
+from .checks import MODULES as CHECK_MODULES
 from .plan import MODES, build_plan, fp8_matrix, what_runs
-from .predicates import gib
 from .view import EnvView
 
 # Checklist areas, in the order a person reads them; a rule lands in its area by
@@ -56,7 +56,7 @@ _CHECKS: dict[str, Any] | None = None
 def env_checks() -> dict[str, Any]:
     global _CHECKS
     if _CHECKS is None:
-        _CHECKS = checks_in(predicates)
+        _CHECKS = checks_in(*CHECK_MODULES)
     return _CHECKS
 
 

@@ -45,7 +45,7 @@ def start() -> Any:
 
 
 def _active(w: Any) -> bool:
-    return bool(w.step >= 0 or w.errors or w._accelerators or w.internal_errors)
+    return bool(w.step >= 0 or w.errors or w.plan_tracker.accelerators or w.internal_errors)
 
 
 def _at_exit(w: Any) -> None:

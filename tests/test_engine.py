@@ -16,7 +16,7 @@ import pytest
 from mpdoctor import scan
 from mpdoctor import rulebase
 from mpdoctor.engine.selftest import run_selftest
-from mpdoctor.findings import Finding
+from mpdoctor.engine.assemble import assemble
 from mpdoctor.explain import explain_path, explain_text
 from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
@@ -139,8 +139,7 @@ def test_evidence_rules_are_judged_by_the_runner_of_their_kind(tmp_path):
 
     def runner(rule, ex, all_rules):
         calls.append(ex.snapshot)
-        return [Finding(rule="env-rule", category="bf16-unsupported", severity="error", title="t")] \
-            if ex.snapshot == "a.json" else []
+        return [assemble(rule, {})] if ex.snapshot == "a.json" else []
 
     results = run_selftest(rules, {"env": runner})
     assert all(r.ok for r in results), results

@@ -27,7 +27,7 @@ MAX_EVIDENCE = 6
 # these, which say where or when it was seen, not what it is (the same NaN on rank 0 at
 # step 3 and on rank 1 at step 4; the same V100 model at index 0 and 1).
 WHERE_NOT_WHAT = frozenset({"gpu_index", "rank", "ranks", "step", "steps_affected", "user_frame", "exception",
-                            "input_min", "input_max", "pid", "line"})
+                            "input_min", "input_max", "pid", "line", "local_rank", "memory_context"})
 
 
 def assemble(rule: Rule, facts: dict[str, Any], evidence: Iterable[Evidence] = (), *, count: int = 1,

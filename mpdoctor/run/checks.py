@@ -353,18 +353,24 @@ def rank_summary(v: RunView) -> Result:
     parts = []
     for r in story:
         s = f"rank {r['rank']} {r['status']}"
-        if r.get("step") is not None and r["step"] >= 0:
-            s += f" at step {r['step']}"
+        s += _at_step(r.get("step"))
         if r.get("exception"):
             s += f" ({r['exception'][:120]}" + (f", in `{r['module']}`" if r.get("module") else "") + ")"
         parts.append(s)
     first = next((r for r in story if r["status"] == "failed first"), None)
     head = [f"Rank {first['rank']} failed first" + (f" in `{first['module']}`" if first.get("module") else "")
-            + (f" at step {first['step']}" if first.get("step") is not None else "")] if first else []
+            + _at_step(first.get("step"))] if first else []
     title = "; ".join(head + [f"rank {r['rank']} {r['status']}" for r in story if r is not first])
     return [Hit({"story": title, "first_failed_rank": first["rank"] if first else None, "ranks": len(story),
                  "_details": "; ".join(parts)},
                 [("ranks", p) for p in parts])]
+
+
+def _at_step(step: Any) -> str:
+    """" at step 3", " before the first step" (the child counts -1 before step 0)."""
+    if step is None:
+        return ""
+    return f" at step {step}" if step >= 0 else " before the first step"
 
 
 @check(facts=("summary",))

@@ -191,7 +191,9 @@ def _context_evidence(exc: dict[str, Any], path: str) -> Any:
         text = (f"{exc['module']} (step {exc.get('step')}): params [{ctx.get('param_dtypes', 'none')}] · inputs "
                 f"[{ctx.get('input_dtypes', 'none')}] · autocast {ctx.get('autocast', 'off')}")
     else:
-        text = f"outside any module (step {exc.get('step')})"
+        step = exc.get("step")
+        text = "outside any module" + (f" (step {step})" if isinstance(step, int) and step >= 0
+                                       else " (before the first step)" if step is not None else "")
     if ctx.get("memory_context"):
         text += f" · {ctx['memory_context']}"
     return Evidence(text=text[:400], source="instrument")

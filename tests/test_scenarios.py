@@ -81,7 +81,9 @@ def test_a_float64_tensor_in_a_custom_loss_is_a_dtype_mismatch(tmp_path):
     assert p.returncode == 1
     f = top(data)
     assert f["category"] == "dtype-mismatch"
-    assert "float64" in f["title"] or "float64" in f["explanation"]
+    assert "float64" in f["title"]
+    # autocast is on here and never casts float64: the first fix is at the tensor's source
+    assert "torch.from_numpy(x).float()" in f["fixes"][0]
     assert not data["unrecognised"]
 
 
@@ -103,6 +105,8 @@ def test_a_ddp_script_without_a_process_group(tmp_path):
                   str(SCENARIOS / "torchrun_two_no_pg.py"))
     assert p.returncode != 0
     assert top(data)["rule"] == "process-group-not-initialized"
+    # both ranks raised it: one finding for the cause, seen on two ranks
+    assert [x["rule"] for x in data["findings"]].count("process-group-not-initialized") == 1
 
 
 def test_lightning_fp16_fallback_is_said_by_run_as_by_explain(tmp_path):
@@ -133,6 +137,7 @@ def test_only_trained_modules_make_the_plan_and_mpdoctor_is_never_user_code(tmp_
     p, data = run(tmp_path, *script("frozen_teacher_distill.py"))
     f = top(data)
     assert (f["category"], f["facts"]["module"]) == ("dtype-mismatch", "fuse")
+    assert "module.float()" in f["fixes"][0]  # the float64 teacher is the source
     plan = data["precision_plan"]
     assert plan["params"]["trainable"] == {"float32": 4804}  # the student, not the frozen teacher
     assert plan["autocast_dtype"] == "bfloat16"              # the student's first matmul

@@ -80,7 +80,7 @@ def op_kind(op: str | None) -> str | None:
     return None
 
 
-@deriver("tensors", facts=("a", "a_cpu", "a_device", "a_dtype", "a_half", "a_wide", "b", "b_cpu", "b_device", "b_dtype", "b_half", "b_wide", "both_half", "c", "c_dtype", "c_wide", "cpu_side", "destination", "destination_dtype", "destination_half", "device_differs", "devices", "dtype_differs", "dtypes", "expected", "expected_cpu", "expected_device", "expected_dtype", "expected_half", "expected_wide", "found", "found_device", "found_dtype", "found_half", "found_wide", "fp8_dtype", "got", "got_cpu", "got_device", "gpu_device", "half_dtype", "indices_device", "indices_dtype", "indices_half", "indices_wide", "input", "input_cpu", "input_device", "input_dtype", "input_half", "input_wide", "key", "key_dtype", "key_wide", "mask", "mask_dtype", "meta_device", "op", "op_kind", "param", "param_cpu", "param_device", "param_dtype", "param_half", "param_wide", "query", "query_dtype", "query_half", "query_wide", "source", "source_dtype", "source_wide", "target", "target_dtype", "target_half", "two_gpus", "value", "value_dtype", "value_half", "wide_dtype"))
+@deriver("tensors", facts=("a", "a_cpu", "a_device", "a_dtype", "a_half", "a_wide", "b", "b_cpu", "b_device", "b_dtype", "b_half", "b_wide", "both_half", "c", "c_dtype", "c_wide", "cpu_side", "destination", "destination_dtype", "destination_half", "device_differs", "devices", "double_operand", "dtype_differs", "dtypes", "expected", "expected_cpu", "expected_device", "expected_dtype", "expected_half", "expected_wide", "found", "found_device", "found_dtype", "found_half", "found_wide", "fp8_dtype", "got", "got_cpu", "got_device", "gpu_device", "half_dtype", "indices_device", "indices_dtype", "indices_half", "indices_wide", "input", "input_cpu", "input_device", "input_dtype", "input_half", "input_wide", "key", "key_dtype", "key_wide", "mask", "mask_dtype", "meta_device", "op", "op_kind", "param", "param_cpu", "param_device", "param_dtype", "param_half", "param_wide", "query", "query_dtype", "query_half", "query_wide", "source", "source_dtype", "source_wide", "target", "target_dtype", "target_half", "two_gpus", "value", "value_dtype", "value_half", "wide_dtype"))
 def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     dtypes: list[str] = []
@@ -145,6 +145,8 @@ def tensors(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
         out["wide_dtype"] = wides[0]
     if len(halves) == 2:
         out["both_half"] = "float16 and bfloat16"
+    if "float64" in distinct_dtypes and len(distinct_dtypes) > 1:
+        out["double_operand"] = "float64"  # autocast never casts float64: the fix is at its source
     distinct_devices = list(dict.fromkeys(devices))
     if distinct_devices:
         out["devices"] = " and ".join(distinct_devices)

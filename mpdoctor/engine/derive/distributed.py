@@ -356,3 +356,32 @@ def peer_fallout(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str,
     if facts.get("other_error"):
         return {"severity": "warning"}
     return {}
+
+
+# --- NCCL's socket errors -----------------------------------------------------------------
+
+_REFUSED = ("refused",)
+_PEER_GONE = ("reset by peer", "closed by remote peer", "connection abort", "broken pipe", "recv failed",
+              "failed to execute operation connect")
+_UNREACHABLE = ("timed out", "no route", "unreachable", "no socket interface")
+
+
+@deriver("nccl_socket", facts=("_peer_gone", "_refused", "_unreachable", "peer_at"))
+def nccl_socket(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which kind of socket failure an `NCCL WARN` line names (the errno's meaning decides
+    the sentence), and the peer it was talking to."""
+    out: dict[str, Any] = {}
+    reasons = [str(h.get("socket_reason") or "").lower() for h in hits] or [str(facts.get("socket_reason") or "").lower()]
+    first = reasons[0]
+    if any(k in first for k in _REFUSED):
+        out["_refused"] = "1"
+    elif any(k in first for k in _UNREACHABLE):
+        out["_unreachable"] = "1"
+    elif any(k in first for k in _PEER_GONE):
+        out["_peer_gone"] = "1"
+    peer = facts.get("peer")
+    if peer:
+        out["peer_at"] = f" (to {peer})"
+    else:
+        out["peer_at"] = " between two ranks"
+    return out

@@ -207,9 +207,22 @@ def covers(build: list[int], n: int) -> bool:
     return kind == "sass"
 
 
-@deriver("no_kernel_image", facts=("arch", "build_hint", "built_cuda", "cc", "cpu_build", "gpu_desc", "missing_arch", "needed_cuda", "sm", "supported_list", "tegra_gpu", "torch_cuda"))
+@deriver("no_kernel_image", facts=("_cuda", "_cuda_runtime", "_gfx_dropped", "_gfx_source", "_hip", "arch", "build_hint",
+                                   "built_cuda", "cc", "cpu_build", "gfx_arch", "gfx_note", "gpu_desc", "hsa_override",
+                                   "missing_arch", "needed_cuda", "sm", "supported_list", "tegra_gpu", "torch_cuda"))
 def no_kernel_image(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    if facts.get("_hip") or any(h.get("_hip") for h in hits):
+        # ROCm: `HIP error: invalid device function`, hipErrorNoBinaryForGpu, rocBLAS's
+        # missing Tensile library: the facts are the gfx architecture's, not a CC's.
+        from .platforms import hip_arch_facts
+
+        out = hip_arch_facts(facts)
+        out["_hip"] = "HIP"
+        return out
     out = gpu_facts(facts)
+    out["_cuda"] = "CUDA"
+    if not facts.get("_cutlass_arch"):
+        out["_cuda_runtime"] = "CUDA"
     build = _arch_list(facts.get("supported"))
     if build:
         out["supported_list"] = " ".join(f"sm_{b}" for b in build)
@@ -343,9 +356,16 @@ _INIT_CODES: dict[str, tuple[str, str]] = {
 }
 
 
-@deriver("cuda_init", facts=("code_hint", "code_meaning"))
+@deriver("cuda_init", facts=("_hip", "code_hint", "code_meaning"))
 def cuda_init(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     code = str(facts.get("code") or "").strip()
+    if facts.get("_hip"):
+        # ROCm's `HIP initialization: Unexpected error from hipGetDeviceCount()`: HIP's codes,
+        # and the checks that apply to an AMD GPU
+        return {"_hip": "HIP", "code_meaning": f"HIP's error {code}" + (f" ({facts['code_text']})" if facts.get("code_text") else ""),
+                "code_hint": "Check the GPU outside Python: `rocminfo` must list a gfx agent and `dmesg | grep -i kfd` must show the "
+                             "amdgpu/KFD driver loaded without errors (old GPUs on ROCm also need PCIe atomics); the user must be in the "
+                             "`render` and `video` groups, and HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES must not hide it."}
     text = str(facts.get("code_text") or "").lower()
     if not code and facts.get("unknown"):
         code = "999"  # "CUDA unknown error" is cudaErrorUnknown

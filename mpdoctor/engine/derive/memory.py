@@ -8,7 +8,7 @@ from . import deriver
 from ...knowledge.units import GIB, gib, parse_size
 
 
-@deriver("oom", facts=("allocated_bytes", "fragmented", "free_bytes", "occurrences", "other_processes", "other_processes_bytes", "other_share", "process_in_use_bytes", "requested_bytes", "requested_share", "reserved", "reserved_bytes", "reserved_unallocated", "reserved_unallocated_bytes", "total_bytes"))
+@deriver("oom", facts=("_alloc_conf_var", "_smi", "allocated_bytes", "fragmented", "free_bytes", "occurrences", "other_processes", "other_processes_bytes", "other_share", "process_in_use_bytes", "requested_bytes", "requested_share", "reserved", "reserved_bytes", "reserved_unallocated", "reserved_unallocated_bytes", "total_bytes"))
 def oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sizes = {}
@@ -44,4 +44,8 @@ def oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
         out["requested_share"] = f"{100 * sizes['requested'] / sizes['total']:.0f}%"
     if len(hits) > 1:
         out["occurrences"] = len(hits)
+    # ROCm says HIP where CUDA says CUDA: the allocator variable and the tool differ
+    hip = bool(facts.get("_hip") or any(h.get("_hip") for h in hits))
+    out["_alloc_conf_var"] = "PYTORCH_HIP_ALLOC_CONF" if hip else "PYTORCH_CUDA_ALLOC_CONF"
+    out["_smi"] = "rocm-smi" if hip else "nvidia-smi"
     return out

@@ -299,3 +299,52 @@ def cuda_library(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str,
             out["driver_lib_missing"] = dep
         out.update({f"dep_{k}": v for k, v in library_info(dep).items()})
     return out
+
+
+# --- keyword arguments accelerate's Accelerator dropped or gained ---------------------------
+# Checked against accelerate's source: `logging_dir` warned "deprecated and will be removed in
+# version 0.18.0 ... Use `project_dir` instead"; 0.28 warned "Passing the following arguments to
+# `Accelerator` is deprecated and will be removed in version 1.0 of Accelerate:
+# dict_keys(['dispatch_batches', 'split_batches', 'even_batches', 'use_seedable_sampler']).
+# Please pass an `accelerate.DataLoaderConfiguration` instead" (1.x still accepts
+# split_batches); `fp16=True` was the spelling before `mixed_precision`.
+_ACCELERATE_REMOVED = {
+    "dispatch_batches": ("1.0", "`dataloader_config=DataLoaderConfiguration(dispatch_batches=...)` (from accelerate import DataLoaderConfiguration)"),
+    "even_batches": ("1.0", "`dataloader_config=DataLoaderConfiguration(even_batches=...)`"),
+    "use_seedable_sampler": ("1.0", "`dataloader_config=DataLoaderConfiguration(use_seedable_sampler=...)`"),
+    "logging_dir": ("0.18", "`project_dir=...` (or `project_config=ProjectConfiguration(project_dir=..., logging_dir=...)`)"),
+    "fp16": (None, "`mixed_precision=\"fp16\"`"),
+    "use_fp16": (None, "`mixed_precision=\"fp16\"`"),
+}
+_ACCELERATE_ADDED = {
+    "dataloader_config": "0.28",
+    "project_config": None,
+    "project_dir": None,
+    "parallelism_config": None,
+}
+
+
+@deriver("accelerate_kwarg", facts=("_code_newer", "_code_older", "accelerate_change", "kwarg", "replacement", "via_trainer"))
+def accelerate_kwarg(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
+    """`Accelerator.__init__() got an unexpected keyword argument 'X'`: was X removed (old
+    code on a new accelerate) or is it newer than the installed accelerate?"""
+    out: dict[str, Any] = {}
+    raw = str(facts.get("kwarg_raw") or facts.get("kwarg") or "").strip()
+    kw = re.sub(r"[\s_]+", "_", raw)  # 'dispatch batches' from a paste that lost its underscores
+    if not kw:
+        return out
+    out["kwarg"] = kw
+    if kw in _ACCELERATE_REMOVED:
+        removed_in, replacement = _ACCELERATE_REMOVED[kw]
+        out["_code_older"] = "1"
+        out["replacement"] = replacement
+        out["accelerate_change"] = (f"was deprecated and removed in accelerate {removed_in}" if removed_in
+                                    else "is the spelling of old accelerate releases")
+    elif kw in _ACCELERATE_ADDED:
+        out["_code_newer"] = "1"
+        added = _ACCELERATE_ADDED[kw]
+        out["accelerate_change"] = (f"was added in accelerate {added}" if added
+                                    else "belongs to a newer accelerate than the installed one")
+    if facts.get("trainer_frame"):
+        out["via_trainer"] = "transformers' Trainer (`create_accelerator_and_postprocess`)"
+    return out

@@ -13,7 +13,7 @@ import yaml
 
 from mpdoctor.cli import main
 from mpdoctor.knowledge import compat
-from mpdoctor.env.accel_config import collect_accelerate_config, default_config_path, parse_simple_yaml
+from mpdoctor.env.accel_config import collect_accelerate_config, default_config_path, load_yaml
 from mpdoctor.env.plan import deepspeed_mode
 from mpdoctor.env.checks.config import _alloc_problems
 from mpdoctor.env.redact import anonymize_snapshot, is_secret_name, redact_snapshot, redact_text
@@ -95,8 +95,8 @@ fsdp_config: {}
 """
 
 
-def test_fallback_yaml_reader_agrees_with_pyyaml():
-    assert parse_simple_yaml(ACCELERATE_YAML) == yaml.safe_load(ACCELERATE_YAML)
+def test_bounded_yaml_reader_agrees_with_pyyaml():
+    assert load_yaml(ACCELERATE_YAML) == yaml.safe_load(ACCELERATE_YAML)
 
 
 def test_accelerate_config_reads_the_deepspeed_json(tmp_path, monkeypatch):

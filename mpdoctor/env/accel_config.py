@@ -5,13 +5,17 @@ Only `accelerate launch` reads the config file; a plain `python train.py` sees o
 the environment. Both are recorded so that the precision plan can say what each way
 of starting the script would get. The DeepSpeed JSON a config points to is read too:
 with DeepSpeed, its fp16/bf16 blocks decide the precision.
+
+Both files are read bounded: a size cap, PyYAML's safe loader with limits on depth,
+aliases and expanded size (a billion-laughs file costs no more than its bytes), JSON
+with a depth limit. A file that cannot be read says why, with a line and column where
+the parser gives one, and never quotes the offending line: it may hold a token.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 ENV_PREFIXES = ("ACCELERATE_", "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "NVIDIA_", "CUDNN_", "HIP_",
@@ -36,94 +40,147 @@ class ConfigParseError(ValueError):
     pass
 
 
-# YAML 1.1 booleans, as PyYAML (and so accelerate) reads them: an unquoted `no` is False.
-_SCALARS = {"true": True, "false": False, "null": None, "~": None, "": None, "yes": True, "no": False,
-            "on": True, "off": False}
-_NUM = re.compile(r"^[-+]?\d+$")
-_FLOAT = re.compile(r"^[-+]?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?$")
+# A config file is a few hundred bytes; these bound what a hostile or broken one costs.
+MAX_BYTES = 1024 * 1024       # a JSON file larger than this: "too large to read"
+MAX_YAML_BYTES = 256 * 1024   # YAML is parsed in pure Python (~4 s/MB): a tighter cap
+MAX_DEPTH = 50                # nesting levels (accelerate writes 3)
+MAX_NODES = 100_000           # values, counting each alias expansion (billion laughs)
+MAX_ALIASES = 1_000
 
 
-def _scalar(text: str) -> Any:
-    t = text.strip()
-    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        return t[1:-1]
-    if t == "[]":
-        return []
-    if t == "{}":
-        return {}
-    low = t.lower()
-    if low in _SCALARS:
-        return _SCALARS[low]
-    if _NUM.match(t):
-        return int(t)
-    if _FLOAT.match(t):
-        return float(t)
-    return t
+def _depth_and_size(data: Any, what: str) -> None:
+    """Raise ConfigParseError if `data` nests deeper than MAX_DEPTH or holds more than
+    MAX_NODES values, walking without recursion and stopping at the first excess."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    count = 0
+    while stack:
+        obj, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ConfigParseError(f"{what} holds more than {MAX_NODES:,} values")
+        if isinstance(obj, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ConfigParseError(f"{what} is nested more than {MAX_DEPTH} levels deep")
+            items = obj.values() if isinstance(obj, dict) else obj
+            stack.extend((v, depth + 1) for v in items)
 
 
-def parse_simple_yaml(text: str) -> dict[str, Any]:
-    """The YAML subset accelerate writes (nested mappings, '- ' lists, plain and quoted
-    scalars), for machines without PyYAML. Raises ConfigParseError."""
-    root: dict[str, Any] = {}
-    stack: list[tuple[int, Any]] = [(-1, root)]
-    pending_key: list[tuple[int, dict, str]] = []
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip() or line.strip() == "---":
-            continue
-        indent = len(line) - len(line.lstrip(" "))
-        body = line.strip()
-        while stack and indent <= stack[-1][0] and len(stack) > 1:
-            stack.pop()
-        if pending_key and indent > pending_key[-1][0]:
-            pindent, pdict, pkey = pending_key.pop()
-            container: Any = [] if body.startswith("- ") or body == "-" else {}
-            pdict[pkey] = container
-            stack.append((pindent, container))
-        elif pending_key:
-            pindent, pdict, pkey = pending_key.pop()
-            pdict[pkey] = None
-        parent = stack[-1][1]
-        if body.startswith("- ") or body == "-":
-            if not isinstance(parent, list):
-                raise ConfigParseError(f"line {no}: a list item where a key was expected")
-            parent.append(_scalar(body[2:]))
-            continue
-        if ":" not in body:
-            raise ConfigParseError(f"line {no}: expected 'key: value', got {body!r}")
-        key, _, value = body.partition(":")
-        if not isinstance(parent, dict):
-            raise ConfigParseError(f"line {no}: a key inside a list is not supported")
-        key = key.strip().strip("'\"")
-        if value.strip() == "":
-            pending_key.append((indent, parent, key))
-            parent[key] = None
-        else:
-            parent[key] = _scalar(value)
-    return root
+def _yaml_problem(exc: Exception) -> str:
+    """Where and what, never the offending line itself (it may hold a secret): the
+    YAML error's own text quotes the line under a caret."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    kind = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+    kind = " ".join(str(kind).split())[:100]
+    if mark is not None:
+        return f"not valid YAML: {kind} (line {mark.line + 1}, column {mark.column + 1})"
+    return f"not valid YAML: {kind}"
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, bounded: the composed document is checked for depth, alias
+    count and expanded size before any Python object is built from it, so that
+    neither a deeply nested file nor a billion-laughs one costs more than its bytes.
+    Raises ConfigParseError."""
+    try:
+        import yaml
+        from yaml.events import AliasEvent
+    except ImportError:  # a --no-deps install: PyYAML is a dependency of mpdoctor (and of accelerate)
+        raise ConfigParseError("PyYAML is not installed where mpdoctor runs (pip install pyyaml)") from None
+
+    class BoundedLoader(yaml.SafeLoader):
+        depth = 0
+        aliases = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+            if self.check_event(AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_ALIASES:
+                    raise ConfigParseError(f"the config uses more than {MAX_ALIASES} YAML aliases")
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise ConfigParseError(f"the config is nested more than {MAX_DEPTH} levels deep")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    loader = BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigParseError(_yaml_problem(exc)) from None
+    except RecursionError:
+        raise ConfigParseError(f"the config is nested more than {MAX_DEPTH} levels deep") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: Any) -> None:
+    """Count the values of a composed YAML document as they would be built, each alias
+    counting as a full copy of its anchor, up to MAX_NODES (then stop)."""
+    from yaml.nodes import CollectionNode, MappingNode
+
+    stack = [node]
+    count = 0
+    while stack:
+        n = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ConfigParseError(f"the config holds more than {MAX_NODES:,} values "
+                                   "(each YAML alias counted as a copy of its anchor)")
+        if isinstance(n, MappingNode):
+            for k, v in n.value:
+                stack.append(k)
+                stack.append(v)
+        elif isinstance(n, CollectionNode):
+            stack.extend(n.value)
+
+
+def load_json(text: str, what: str = "the config") -> Any:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:  # its message names the position, not the text
+        raise ConfigParseError(f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise ConfigParseError(f"{what} is nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as exc:  # a number of more than 4300 digits
+        raise ConfigParseError(f"not valid JSON: {str(exc).splitlines()[0][:100]}") from None
+    _depth_and_size(data, what)
+    return data
 
 
 def parse_config_text(text: str, path: str) -> dict[str, Any]:
+    """The settings of an accelerate config file. YAML (accelerate's `.yaml`, which may
+    hold JSON: `accelerate config default` writes JSON) or `.json`, as accelerate
+    decides by the file's extension. Raises ConfigParseError."""
     if path.endswith(".json"):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ConfigParseError(f"not valid JSON: {exc}") from None
+        data = load_json(text)
     else:
-        try:
-            import yaml
-        except ImportError:
-            data = parse_simple_yaml(text)
-        else:
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise ConfigParseError(f"not valid YAML: {exc}".replace("\n", " ")) from None
+        data = load_yaml(text)
+        _depth_and_size(data, "the config")
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigParseError(f"the top level is a {type(data).__name__}, not a mapping of settings")
     return data
+
+
+def read_capped(path: str, what: str, limit: int = MAX_BYTES) -> str:
+    """The text of a config file of at most `limit` bytes. Raises ConfigParseError
+    (too large, not UTF-8) or OSError."""
+    with open(path, "rb") as fh:
+        raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise ConfigParseError(f"{what} is too large to read (more than {limit // 1024} KiB; "
+                               "a config is a few KiB)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigParseError(f"{what} is not UTF-8 text (byte {exc.start})") from None
 
 
 def _read_deepspeed(path: str, base_dir: str) -> dict[str, Any]:
@@ -135,13 +192,14 @@ def _read_deepspeed(path: str, base_dir: str) -> dict[str, Any]:
     if not out["exists"]:
         return out
     try:
-        with open(full, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load_json(read_capped(full, "the DeepSpeed config"), "the DeepSpeed config")
         out["config"] = data if isinstance(data, dict) else {}
         if not isinstance(data, dict):
             out["error"] = {"type": "ConfigParseError", "message": "the top level is not a JSON object"}
-    except (OSError, ValueError) as exc:
-        out["error"] = {"type": type(exc).__name__, "message": str(exc)}
+    except ConfigParseError as exc:
+        out["error"] = {"type": "ConfigParseError", "message": str(exc)}
+    except OSError as exc:
+        out["error"] = {"type": type(exc).__name__, "message": exc.strerror or str(exc)}
     return out
 
 
@@ -155,16 +213,21 @@ def collect_accelerate_config(config_file: str | None = None, env: dict[str, str
     full = os.path.expanduser(path)
     out: dict[str, Any] = {"path": path, "source": source, "exists": os.path.isfile(full)}
     if not out["exists"]:
+        if os.path.exists(full):  # a FIFO or a device would block or never end: not opened
+            out["exists"] = True
+            out["error"] = {"type": "ConfigParseError", "message": "not a regular file"}
         return out
     try:
-        with open(full, encoding="utf-8") as fh:
-            text = fh.read()
-        out["config"] = parse_config_text(text, full)
-    except (OSError, UnicodeDecodeError) as exc:
-        out["error"] = {"type": type(exc).__name__, "message": str(exc)}
+        limit = MAX_BYTES if full.endswith(".json") else MAX_YAML_BYTES
+        out["config"] = parse_config_text(read_capped(full, "the config file", limit), full)
+    except OSError as exc:
+        out["error"] = {"type": type(exc).__name__, "message": exc.strerror or str(exc)}
         return out
     except ConfigParseError as exc:
         out["error"] = {"type": "ConfigParseError", "message": str(exc)}
+        return out
+    except Exception as exc:  # MemoryError, a loader bug: still a file that exists and cannot be read
+        out["error"] = {"type": type(exc).__name__, "message": f"the file could not be parsed ({type(exc).__name__})"}
         return out
     ds = out["config"].get("deepspeed_config")
     if isinstance(ds, dict) and ds.get("deepspeed_config_file"):

@@ -95,8 +95,10 @@ def mode_verdicts(snapshot: dict[str, Any], rules: list[Rule], plan: Any) -> lis
         runs_as, reason = what_runs(mode, view)
         worst = "error" if any(f.severity == "error" for f in found) else (
             "warning" if any(f.severity == "warning" for f in found) else "ok")
-        if not view.torch_ok:
-            worst, reason = "skipped", "torch cannot be examined"
+        if not view.torch_ok and not view.use_cpu:
+            worst = "skipped"
+            reason = ("torch is not installed" if view.torch.get("status") == "not-installed"
+                      else "torch cannot be examined")
         out.append({"mode": mode, "status": worst, "runs_as": runs_as,
                     "reason": found[0].title if found else reason,
                     "rules": [f.rule for f in found]})
@@ -125,9 +127,11 @@ def _environment_lines(view: EnvView) -> list[str]:
         if t.get("nccl"):
             extra.append(f"NCCL {t['nccl']}")
         lines.append(f"torch {t.get('version')} ({build}{', ' + ', '.join(extra) if extra else ''})")
+    elif t.get("status") == "not-installed":
+        lines.append("torch: not installed" + (f" in {t['python']}" if t.get("python") else ""))
     else:
-        msg = (t.get("error") or {}).get("message", "")
-        lines.append(f"torch: {t.get('status')}" + (f" — {msg.splitlines()[0][:120]}" if msg else ""))
+        msg = str((t.get("error") or {}).get("message") or "")
+        lines.append(f"torch: {t.get('status')}" + (f" — {msg.splitlines()[0][:120]}" if msg.strip() else ""))
     libs = [f"{n} {view.pkg(n)}" for n in ("accelerate", "transformers", "deepspeed", "peft", "flash-attn",
                                          "transformer-engine", "torchao", "bitsandbytes") if view.pkg(n)]
     lines.append("libraries: " + (", ".join(libs) if libs else "accelerate not installed"))
@@ -141,7 +145,7 @@ def _environment_lines(view: EnvView) -> list[str]:
         cuda_txt = cuda_int_to_str(reported) or cuda
         lines.append(f"NVIDIA driver {drv}" + (f" (supports CUDA ≤ {cuda_txt})" if cuda_txt else ""))
     for g in view.gpus:
-        used = (g.nvml or {}).get("memory", {}).get("used_bytes") if g.nvml else None
+        used = ((g.nvml or {}).get("memory") or {}).get("used_bytes") if g.nvml else None
         mem_txt = gib(g.total_memory_bytes) or "?"
         if used is not None:
             mem_txt += f", {gib(used)} in use"
@@ -163,6 +167,9 @@ def _plan_lines(view: EnvView) -> list[str]:
         eff = f" → runs as {plan.effective}" if plan.effective and plan.effective != plan.requested else ""
         why = f" ({plan.effective_reason})" if eff and plan.effective_reason else ""
         lines.append(f"requested: {plan.requested} (from {plan.requested_from}){eff}{why}")
+    elif view.config_section.get("exists") and view.config is None:
+        lines.append(f"requested: not known: the accelerate config {view.config_section.get('path')} cannot be read; "
+                     "every mode judged")
     else:
         lines.append("requested: nothing (no --mixed-precision, no accelerate config, no ACCELERATE_MIXED_PRECISION): "
                      "every mode judged")

@@ -5,11 +5,22 @@ driver supports, and per GPU the memory in use and by whom, MIG, persistence and
 ECC. It sees GPUs even when torch cannot (a CPU-only torch, a driver too old for
 the build), which is exactly when it matters. Every query is isolated: GeForce
 cards answer NotSupported to several of them.
+
+NVML is a C library in the driver: a broken or mismatched `libnvidia-ml.so.1` can
+segfault or hang. So it is never loaded into mpdoctor: `start_nvml_child` runs this
+file as a script in a child process (env/child.py: own process group, timeout) and
+a crash becomes a fact, `{"status": "crashed", "error": {"message": "NVML crashed:
+signal SIGSEGV"}}`. Standard library, pynvml and psutil only (it runs by path).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from typing import Any, Callable
+
+TIMEOUT = 20.0
 
 
 def _err(exc: BaseException) -> dict[str, str]:
@@ -121,3 +132,71 @@ def collect_nvml(own_pids: set[int] | None = None) -> dict[str, Any]:
         except Exception:
             pass
     return out
+
+
+def main(argv: list[str]) -> None:
+    own = {int(a) for a in argv if a.isdigit()}
+    fd = os.dup(1)
+    os.dup2(2, 1)  # whatever the library prints cannot corrupt the answer
+    try:
+        result = collect_nvml(own)
+    except BaseException as exc:
+        result = {"status": "error", "error": _err(exc)}
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(result, default=str) + "\n")
+
+
+class NvmlChild:
+    """NVML examined in a child; `result()` is the snapshot's `nvml` section."""
+
+    def __init__(self, own_pids: set[int], timeout: float = TIMEOUT) -> None:
+        from . import child
+
+        self.timeout = timeout
+        self.handle = child.start(sys.executable, os.path.abspath(__file__), [str(p) for p in sorted(own_pids)],
+                                  timeout)
+
+    @property
+    def pid(self) -> int | None:
+        return self.handle.pid
+
+    def result(self) -> dict[str, Any]:
+        o = self.handle.finish()
+        if o.spawn_error:
+            return {"status": "error", "error": o.spawn_error}
+        if o.timed_out:
+            return {"status": "timeout", "error": {"type": "Timeout",
+                                                   "message": f"NVML did not answer within {self.timeout:g} s; killed"}}
+        for line in reversed(o.stdout.decode("utf-8", "replace").splitlines()):
+            try:
+                data = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get("status"), str):
+                return data
+        out: dict[str, Any] = {"status": "crashed", "exit_status": o.returncode,
+                               "error": {"type": "Crash", "message": o.death("NVML")}}
+        tail = [ln[:300] for ln in o.stderr.decode("utf-8", "replace").splitlines()[-5:] if ln.strip()]
+        if tail:
+            out["stderr_tail"] = tail
+        return out
+
+
+def timeout_from_env(default: float = TIMEOUT) -> float:
+    """MPDOCTOR_NVML_TIMEOUT in seconds (a hung driver costs at most this); a value that
+    is not a positive finite number is ignored."""
+    import math
+
+    try:
+        value = float(os.environ.get("MPDOCTOR_NVML_TIMEOUT", default))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value > 0 else default
+
+
+def start_nvml_child(own_pids: set[int] | None = None, timeout: float | None = None) -> NvmlChild:
+    return NvmlChild(set(own_pids or ()), timeout_from_env() if timeout is None else timeout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,18 +1,19 @@
 """Installed versions of the libraries that matter for mixed precision.
 
-Read from the `*.dist-info` folder names on sys.path (what `pip list` reads), which
-is fast and imports nothing: `accelerate`'s version must not cost `import accelerate`.
-For the libraries whose requirements the rules compare (accelerate needs torch>=X,
-torch pins its nvidia-* wheels), the declared Requires-Dist lines are kept too.
+Read through `importlib.metadata` (what pip reads), which imports nothing:
+`accelerate`'s version must not cost `import accelerate`. For the libraries whose
+requirements the rules compare (accelerate needs torch>=X, torch pins its nvidia-*
+wheels), the declared Requires-Dist lines are kept too.
+
+`installed()` uses the standard library only: the torch child loads this file by path
+inside the interpreter that trains (`--python`), where mpdoctor may not be installed,
+and sends its answer back; `collect_packages()` shapes it into the snapshot section.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import re
 from typing import Any
-
-from ..knowledge.versions import normalise_name, parse_requires_dist
 
 TRACKED = (
     "torch", "torchvision", "torchaudio", "triton", "numpy",
@@ -26,83 +27,88 @@ REQUIREMENTS_OF = ("torch", "accelerate", "transformers", "deepspeed", "peft", "
                    "pytorch-lightning", "bitsandbytes", "torchao", "flash-attn", "xformers", "torchvision",
                    "torchaudio", "transformer-engine-torch")
 _RELEVANT_DEPS = ("torch", "accelerate", "transformers", "triton", "numpy", "deepspeed", "peft")
+_MAX_REQUIRES = 400  # Requires-Dist lines kept per package (torch has ~40)
 
 
-def _scan() -> dict[str, tuple[str, str]]:
-    """normalised name -> (version, dist-info path); the first on sys.path wins, as for import."""
-    found: dict[str, tuple[str, str]] = {}
-    for entry in sys.path:
-        if not entry or not os.path.isdir(entry):
-            continue
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _headers(dist: Any) -> dict[str, list[str]] | None:
+    """The metadata headers (up to the first blank line), read as text: the email
+    parser behind `dist.metadata` costs 30x more and reads the whole description."""
+    for name in ("METADATA", "PKG-INFO"):
         try:
-            names = os.listdir(entry)
-        except OSError:
+            text = dist.read_text(name)
+        except Exception:
+            text = None
+        if text is None:
             continue
-        for fname in names:
-            if fname.endswith(".dist-info"):
-                stem = fname[: -len(".dist-info")]
-                name, _, version = stem.partition("-")
-            elif fname.endswith(".egg-info"):
-                stem = fname[: -len(".egg-info")]
-                name, _, rest = stem.partition("-")
-                version = rest.split("-py")[0]
-            else:
-                continue
-            key = normalise_name(name)
-            if key in found:
-                continue
-            path = os.path.join(entry, fname)
-            if not version:
-                version = _version_from_metadata(path) or ""
-            found[key] = (version, path)
-    return found
-
-
-def _metadata_lines(path: str) -> list[str]:
-    for meta in ("METADATA", "PKG-INFO"):
-        p = os.path.join(path, meta)
-        if os.path.isfile(p):
-            try:
-                with open(p, encoding="utf-8", errors="replace") as fh:
-                    head = []
-                    for line in fh:
-                        if not line.strip():  # headers end at the first blank line
-                            break
-                        head.append(line.rstrip("\n"))
-                    return head
-            except OSError:
-                return []
-    return []
-
-
-def _version_from_metadata(path: str) -> str | None:
-    for line in _metadata_lines(path):
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip()
+        out: dict[str, list[str]] = {}
+        for line in text.splitlines()[:2000]:
+            if not line.strip():
+                break
+            if line[:1] in " \t":
+                continue  # a folded continuation line (long descriptions only)
+            field, sep, value = line.partition(":")
+            if sep:
+                out.setdefault(field.strip().lower(), []).append(value.strip())
+        return out
     return None
 
 
-def _requires(path: str) -> list[str]:
+def installed(path: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """normalised name -> {"version", "requires"} for the tracked libraries and every
+    nvidia-* wheel; the first on sys.path wins, as for import. Standard library only."""
+    from importlib import metadata
+
+    wanted = set(TRACKED) | set(REQUIREMENTS_OF)
+    found: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for dist in metadata.distributions(**({"path": path} if path is not None else {})):
+        try:
+            name = getattr(dist, "_normalized_name", None) or ((_headers(dist) or {}).get("name") or [""])[0]
+        except Exception:  # a broken dist-info folder: skip it, as pip does
+            continue
+        if not name:
+            continue
+        key = _normalise(str(name))
+        if key in seen:
+            continue
+        seen.add(key)
+        if key not in wanted and not key.startswith("nvidia-"):
+            continue
+        head = _headers(dist)
+        if head is None:
+            continue
+        version = (head.get("version") or [""])[0]
+        requires = head.get("requires-dist", [])[:_MAX_REQUIRES] if key in REQUIREMENTS_OF else []
+        found[key] = {"version": version, "requires": requires}
+    return found
+
+
+def _requires(lines: list[str]) -> list[str]:
+    from ..knowledge.versions import parse_requires_dist
+
     out: list[str] = []
     seen: set[tuple[str, str]] = set()
-    for line in _metadata_lines(path):
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req = line.split(":", 1)[1].strip()
-        parsed = parse_requires_dist(req)
+    for req in lines:
+        parsed = parse_requires_dist(str(req).strip())
         # A bare name ("peft; extra == 'dev'") constrains nothing: keep only specifiers.
         if parsed and parsed[1] and (parsed[0] in _RELEVANT_DEPS or parsed[0].startswith("nvidia-")):
             if (parsed[0], parsed[1]) not in seen:  # the same pin repeats under every extra
                 seen.add((parsed[0], parsed[1]))
-                out.append(req)
+                out.append(str(req).strip())
     return out
 
 
-def collect_packages() -> dict[str, Any]:
-    """{"versions": {name: version}, "nvidia_wheels": {...}, "requires": {name: [lines]}}"""
-    found = _scan()
-    versions = {name: found[name][0] for name in TRACKED if name in found}
-    nvidia = {name: v for name, (v, _p) in sorted(found.items())
+def collect_packages(raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """{"versions": {name: version}, "nvidia_wheels": {...}, "requires": {name: [lines]}}
+    from `installed()` of this interpreter, or of another one (`raw`, its answer)."""
+    found = installed() if raw is None else raw
+    found = {str(k): v for k, v in found.items() if isinstance(v, dict)}
+    versions = {name: str(found[name].get("version", "")) for name in TRACKED if name in found}
+    nvidia = {name: str(v.get("version", "")) for name, v in sorted(found.items())
               if name.startswith("nvidia-") and name not in ("nvidia-ml-py",)}
-    requires = {name: _requires(found[name][1]) for name in REQUIREMENTS_OF if name in found}
+    requires = {name: _requires(list(found[name].get("requires") or [])) for name in REQUIREMENTS_OF if name in found}
     return {"versions": versions, "nvidia_wheels": nvidia, "requires": {k: v for k, v in requires.items() if v}}

@@ -132,7 +132,8 @@ def build_plan(view: Any, argument: str | None = None, argument_from: str = "--m
                                   "accelerate_config.deepspeed.config", "with DeepSpeed"))
     fsdp = uses_fsdp(view)
     if fsdp and cfg is not None:
-        for key, value in (cfg.get("fsdp_config") or {}).items():
+        fsdp_config = cfg.get("fsdp_config")
+        for key, value in (fsdp_config.items() if isinstance(fsdp_config, dict) else ()):
             if "mixed_precision" in key and value not in (None, ""):
                 sources.append(Source(f"FSDP setting {key}", normalise_mode(value) or "",
                                       f"accelerate_config.config.fsdp_config.{key}", "with FSDP"))
@@ -201,7 +202,7 @@ def what_runs(mode: str | None, view: Any) -> tuple[str | None, str]:
     if mode not in MODES:
         return "fp32", (f"accelerate launch refuses {mode!r} (Unknown mixed_precision mode); "
                         f"a plain Accelerator() accepts it silently and trains in fp32")
-    if not view.torch_ok:
+    if not view.torch_ok and not view.use_cpu:  # use_cpu: the device is known without torch
         return None, "torch cannot be examined here"
     if mode == "no":
         return "fp32", "no mixed precision"

@@ -6,8 +6,12 @@ only this process down. It does only what the rules need (no `import accelerate`
 no kernels beyond the one bf16 probe torch itself does), because it is on the
 critical path of `mpdoctor check`.
 
-Output: one JSON object on stdout (the real stdout is kept aside and fd 1 pointed at
-stderr first, so whatever torch or a CUDA library prints cannot corrupt it).
+Output: JSON objects on stdout, one a line (the real stdout is kept aside and fd 1
+pointed at stderr first, so whatever torch or a CUDA library prints cannot corrupt it).
+With `--environment` (the interpreter is another environment's, `--python`), first
+`{"environment": {"platform": ..., "packages": ...}}` for that interpreter, written
+before torch is imported so that it survives a torch that crashes; then the torch
+object. Standard library only: mpdoctor need not be installed where this runs.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ def _import_torch(out: dict[str, Any]) -> Any:
     try:
         import torch
     except BaseException as exc:  # ImportError, OSError from a .so, SystemExit from a broken build
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "torch":
+            out["status"] = "not-installed"
+            out["error"] = _error(exc)
+            return None
         out["status"] = "import-error"
         out["error"] = _error(exc)
         tb = exc.__traceback__
@@ -155,15 +163,47 @@ def collect(in_process: bool = False) -> dict[str, Any]:
     return out
 
 
+def _sibling(name: str) -> Any:
+    """A standard-library-only module of this folder, loaded by path (mpdoctor itself
+    may not be importable in this interpreter)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location(f"_mpdoctor_child_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def environment() -> dict[str, Any]:
+    """This interpreter's platform and installed libraries (raw), for `--python`."""
+    out: dict[str, Any] = {}
+    for key, module, fn in (("platform", "host", "collect_platform"), ("packages", "packages", "installed")):
+        try:
+            out[key] = getattr(_sibling(module), fn)()
+        except Exception as exc:
+            out[key] = {"error": _error(exc)}
+    return out
+
+
 def main() -> None:
+    import sys
+
     fd = os.dup(1)
     os.dup2(2, 1)  # torch's prints go to stderr; the JSON goes to the saved stdout
-    try:
-        result = collect()
-    except BaseException as exc:  # never leave the parent without an answer
-        result = {"status": "collector-error", "error": _error(exc)}
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(result, fh, default=str)
+        if "--environment" in sys.argv[1:]:
+            try:
+                env = environment()
+            except BaseException as exc:
+                env = {"error": _error(exc)}
+            fh.write(json.dumps({"environment": env}, default=str) + "\n")
+            fh.flush()
+        try:
+            result = collect()
+        except BaseException as exc:  # never leave the parent without an answer
+            result = {"status": "collector-error", "error": _error(exc)}
+        fh.write(json.dumps(result, default=str) + "\n")
 
 
 if __name__ == "__main__":

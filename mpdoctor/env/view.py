@@ -225,7 +225,8 @@ class EnvView:
                     order = shown if shown is not None else list(range(len(nv)))
                     if pos < len(order) and order[pos] < len(nv):
                         match = (order[pos], nv[order[pos]])
-                gpu = Gpu(index=int(d.get("index", pos)), name=str(d.get("name", "GPU")),
+                index = d.get("index")
+                gpu = Gpu(index=index if isinstance(index, int) else pos, name=str(d.get("name") or "GPU"),
                           cc=parse_cc(d.get("capability")), cc_path=f"torch.devices[{pos}].capability",
                           total_memory_bytes=d.get("total_memory_bytes"),
                           vendor="amd" if (d.get("gcn_arch") or self.hip_build) else "nvidia",
@@ -245,7 +246,9 @@ class EnvView:
                 cc = parse_cc(row["cc"]) if row else None
                 path = f"nvml.gpus[{i}].name"
             mem = (g.get("memory") or {}).get("total_bytes")
-            out.append(Gpu(index=int(g.get("index", i)), name=str(g.get("name", "GPU")), cc=cc, cc_path=path,
+            index = g.get("index")
+            out.append(Gpu(index=index if isinstance(index, int) else i, name=str(g.get("name") or "GPU"), cc=cc,
+                           cc_path=path,
                            total_memory_bytes=mem, torch_sees=False, nvml=g, nvml_path=f"nvml.gpus[{i}]"))
         return out
 

@@ -24,10 +24,23 @@ def no_nvml(v: EnvView) -> Skip | None:
     return Skip(f"no NVIDIA driver answered ({err})")
 
 
+def torch_missing(v: EnvView) -> str | None:
+    """Why torch was not examined at all (a core install, an old snapshot), or None."""
+    status = v.torch.get("status")
+    if status == "not-installed":
+        where = v.torch.get("python")
+        return "torch is not installed" + (f" in {where}" if where else "") + \
+            " (install it there, or point --python at the interpreter that trains)"
+    if status in ("unknown", None):
+        return "the snapshot has no torch section"
+    return None
+
+
 def need_torch(v: EnvView) -> Skip | None:
     status = v.torch.get("status")
     if status == "ok":
         return None
-    if status == "not-installed":
-        return Skip("torch is not installed")
+    missing = torch_missing(v)
+    if missing:
+        return Skip(missing)
     return Skip(f"torch could not be examined ({status})")

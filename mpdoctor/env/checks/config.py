@@ -34,11 +34,19 @@ def mixed_precision_unknown(v: EnvView) -> Result:
     return hits
 
 
+def _no_config(v: EnvView) -> Skip:
+    """Why a check of the config's settings cannot judge: no file, or one that cannot
+    be read (that one is accelerate-config-unreadable's finding)."""
+    if v.config_section.get("exists"):
+        return Skip("the accelerate config cannot be read")
+    return Skip("no accelerate config file")
+
+
 @check(facts=("path", "value"))
 def config_needs_launch(v: EnvView) -> Result:
     cfg = v.config
     if cfg is None:
-        return Skip("no accelerate config file") if not v.config_section.get("exists") else []
+        return _no_config(v)
     mp = cfg.get("mixed_precision")
     if not isinstance(mp, str) or mp.lower() not in ("fp16", "bf16", "fp8"):
         return []
@@ -101,22 +109,31 @@ def _distributed(cfg: dict[str, Any]) -> str:
     return str(cfg.get("distributed_type", "NO")).upper()
 
 
+def _machines(cfg: dict[str, Any]) -> int:
+    """num_machines as accelerate reads it; a value that is not a number counts as 1
+    (accelerate itself would refuse to start: not this check's business)."""
+    try:
+        return max(int(cfg.get("num_machines") or 1), 1)
+    except (TypeError, ValueError, OverflowError):
+        return 1
+
+
 @check(facts=("cvd", "distributed_type", "machines", "num_processes", "visible"))
 def num_processes_exceeds_gpus(v: EnvView) -> Result:
     cfg = v.config
     if cfg is None:
-        return Skip("no accelerate config file")
+        return _no_config(v)
     dist = _distributed(cfg)
     if dist not in ("MULTI_GPU", "DEEPSPEED", "FSDP", "MEGATRON_LM") or v.use_cpu:
         return []
     n = cfg.get("num_processes")
-    machines = int(cfg.get("num_machines") or 1)
+    machines = _machines(cfg)
     visible = v.visible_gpu_count
     if visible is None:
         return Skip("the number of visible GPUs is not known (no torch and no NVML)")
     try:
         per_machine = int(n) // max(machines, 1)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return []
     if per_machine <= visible:
         return []
@@ -130,8 +147,8 @@ def num_processes_exceeds_gpus(v: EnvView) -> Result:
 def multi_gpu_one_gpu(v: EnvView) -> Result:
     cfg = v.config
     if cfg is None:
-        return Skip("no accelerate config file")
-    if _distributed(cfg) != "MULTI_GPU" or int(cfg.get("num_machines") or 1) > 1:
+        return _no_config(v)
+    if _distributed(cfg) != "MULTI_GPU" or _machines(cfg) > 1:
         return []
     visible = v.visible_gpu_count
     if visible is None:

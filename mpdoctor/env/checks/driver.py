@@ -11,7 +11,7 @@ from ...engine.judge import Hit, Result, Skip, check
 from ...knowledge import compat
 from ...knowledge.versions import compare, cuda_int_to_str, satisfies
 from ..view import EnvView, Gpu
-from ._common import gpu_facts, need_torch, no_nvml
+from ._common import gpu_facts, need_torch, no_nvml, torch_missing
 
 
 def _build_cuda(v: EnvView) -> tuple[str | None, str]:
@@ -113,6 +113,8 @@ def _coverage_hits(v: EnvView, kind: str | None,
     """One hit per NVIDIA GPU that the build's architecture list covers as `kind`
     (compat.arch_coverage's: "sass", "ptx", or None for not at all), with the GPU's
     facts and those `extra(gpu, arch list entry, arch list)` adds."""
+    if (missing := torch_missing(v)) and not v.pkg("torch"):
+        return Skip(missing)
     if v.hip_build:
         return Skip("ROCm build: gfx targets are not compared here")
     if v.torch_ok and not v.torch.get("cuda_build"):

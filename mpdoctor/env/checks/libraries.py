@@ -10,6 +10,7 @@ from typing import Any
 from ...engine.judge import Hit, Result, Skip, check
 from ...knowledge.versions import compare, cudnn_version, parse_requires_dist, release, satisfies
 from ..view import EnvView
+from ._common import torch_missing
 
 
 @check(facts=("accelerate", "spec", "torch_version", "where"))
@@ -131,6 +132,8 @@ def _torch_failure(v: EnvView) -> tuple[str, dict[str, Any]] | None:
 
 @check(facts=("exception", "library", "message", "pin", "torch_version", "wheel_name", "wheel_state"))
 def torch_import_missing_library(v: EnvView) -> Result:
+    if (missing := torch_missing(v)):
+        return Skip(missing)
     failed = _torch_failure(v)
     if not failed:
         return []
@@ -161,6 +164,8 @@ def torch_import_missing_library(v: EnvView) -> Result:
 
 @check(facts=("exception", "message", "status", "stderr", "torch_version"))
 def torch_unusable(v: EnvView) -> Result:
+    if (missing := torch_missing(v)):
+        return Skip(missing)
     failed = _torch_failure(v)
     if not failed:
         return []

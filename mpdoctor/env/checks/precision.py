@@ -14,10 +14,13 @@ from ._common import gpu_facts, need_torch
 
 def _not_judged(v: EnvView, *modes: str) -> Result | None:
     """What a check of the precisions `modes` returns before it looks: nothing when
-    another precision is judged, a Skip without a usable torch; None: judge."""
-    if v.requested not in modes:
-        return []
-    return need_torch(v)
+    another precision is judged, a Skip without a usable torch; None: judge. With
+    `use_cpu: true` the device is the CPU whatever torch is: judged from the config."""
+    if v.use_cpu:
+        return None if v.requested in modes else []
+    if (no_torch := need_torch(v)):
+        return no_torch  # where torch is not usable the device is unknown: nothing here is judged
+    return [] if v.requested not in modes else None
 
 
 def _requested_evidence(v: EnvView) -> list[tuple[str, Any]]:
@@ -131,7 +134,8 @@ def fp8_unsupported_hardware(v: EnvView) -> Result:
                     [(g.cc_path.replace("capability", "gcn_arch"), g.gcn_arch)]) for g in bad]
     if v.device != "cuda":
         return [Hit({"what": "no GPU is in use (fp8 runs only on a GPU)", "device": v.device},
-                    [("torch.cuda_available", v.torch.get("cuda_available"))])]
+                    [("accelerate_config.config.use_cpu", True) if v.use_cpu else
+                     ("torch.cuda_available", v.torch.get("cuda_available"))])]
     hits = []
     for g in v.cuda_gpus:
         if g.cc < (8, 9):

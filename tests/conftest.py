@@ -13,6 +13,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 _CACHE = tempfile.mkdtemp(prefix="mpdoctor-test-cache-")
 os.environ["MPDOCTOR_CACHE_DIR"] = _CACHE
 for _name in ("MPDOCTOR_RULES_PATH", "MPDOCTOR_NO_CACHE", "MPDOCTOR_DEBUG", "MPDOCTOR_INSTRUMENT_FAIL",
@@ -49,5 +51,35 @@ def pytest_configure(config) -> None:
                                        "-m 'not slow' for a fast inner loop)")
 
 
+# Under pytest-xdist each worker records the ids of its own findings and hands them to the
+# controller, which checks the union at the end of the session (tests/test_rule_ids.py
+# does the same check in a run without workers).
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    out = getattr(node, "workeroutput", None) or {}
+    EMITTED.update(out.get("mpdoctor_emitted", ()))
+    TEST_RULES.update(out.get("mpdoctor_test_rules", ()))
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     shutil.rmtree(_CACHE, ignore_errors=True)
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker
+        config.workeroutput["mpdoctor_emitted"] = sorted(EMITTED)
+        config.workeroutput["mpdoctor_test_rules"] = sorted(TEST_RULES)
+        return
+    if getattr(config.option, "numprocesses", None) and EMITTED and session.testscollected > 100:
+        from mpdoctor import rulebase
+
+        rules = {r.id: r for r in rulebase.load()}
+        unknown = sorted(r for r in EMITTED if r not in rules and r not in TEST_RULES)
+        undocumented = sorted(r for r in EMITTED & rules.keys()
+                              if not (rules[r].examples and rules[r].near_misses
+                                      and (rules[r].doc.get("detects") or rules[r].summary)))
+        if unknown or undocumented:
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            msg = (f"findings from rules that are not in rules/: {unknown}; "
+                   f"rules without examples, near misses or docs: {undocumented}")
+            if reporter is not None:
+                reporter.write_line(f"FAILED rule-id check: {msg}", red=True)
+            session.exitstatus = 1

@@ -28,7 +28,14 @@ def test_findings_are_made_only_by_the_assembler():
 
 
 def test_every_rule_id_emitted_in_this_session_is_a_documented_rule():
+    import os
+
+    import pytest
+
     from mpdoctor.findings import Finding
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("with workers, tests/conftest.py checks the ids of every worker at the end of the session")
 
     # conftest's recorder (the module pytest loaded, not a second import of it)
     recorder = Finding.__post_init__.__globals__

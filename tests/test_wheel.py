@@ -3,7 +3,7 @@
 Built with `python -m build --wheel --no-isolation` (hatchling from the dev extra, so no
 network), installed with --no-deps into a plain venv (no system or dev site-packages),
 whose only third-party packages are the core dependencies (rich and its own, psutil,
-nvidia-ml-py, packaging), copied from the dev venv; then `mpdoctor explain` and `mpdoctor rules test` run from another folder.
+nvidia-ml-py, packaging, PyYAML), copied from the dev venv; then `mpdoctor explain` and `mpdoctor rules test` run from another folder.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_DEPS = ("rich", "pygments", "markdown_it", "mdurl", "psutil", "pynvml", "packaging")  # the core dependencies
+RUNTIME_DEPS = ("rich", "pygments", "markdown_it", "mdurl", "psutil", "pynvml", "packaging", "yaml")  # the core dependencies
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +108,20 @@ def test_installed_rules_test_finds_the_shipped_examples(installed):
     assert not [f for f in data["failed"] if "cannot read" in f["message"] or "no such file" in f["message"]]
     oom = [f for f in data["failed"] if f["rule"] == "cuda-oom"]
     assert oom == []
+
+
+def test_installed_core_answers_check_and_probe_without_torch(installed):
+    """The core install (no torch) judges what it can and says what it cannot."""
+    _, venv, elsewhere = installed
+    proc = run(venv, elsewhere, "check", "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "Traceback" not in proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["schema"].startswith("mpdoctor.check/")
+    assert any("torch is not installed" in s["reason"] for s in data["skipped"]), data["skipped"]
+    proc = run(venv, elsewhere, "check")
+    assert "torch is not installed" in proc.stdout
+    proc = run(venv, elsewhere, "probe", "--help")
+    assert proc.returncode == 0 and "--modes" in proc.stdout
+    proc = run(venv, elsewhere, "probe")
+    assert proc.returncode == 1 and "torch" in proc.stderr + proc.stdout and "Traceback" not in proc.stderr

@@ -1,6 +1,7 @@
 """Benchmarks for `mpdoctor run`, printed as ratios to the bare baseline (no asserts).
 
-(a) passthrough: a child printing a few million lines, wrapped vs bare wall time;
+(a) passthrough: a chatty child printing 3 million short lines, wrapped vs bare wall
+    and CPU time, with its stdout to /dev/null, to a file and to a pipe;
 (b) step overhead on the CPU bench model (4-layer TransformerEncoder, d_model 256,
     sequence 128, batch 8, bf16 autocast), forward + backward + optimizer step:
     mpdoctor's instrumentation vs torch.autograd.detect_anomaly(check_nan=True) vs
@@ -8,6 +9,7 @@
 
     python bench/run_bench.py                # both
     python bench/run_bench.py --only step --steps 20
+    python bench/run_bench.py --only passthrough --unbuffered --targets devnull,pipe
 """
 
 from __future__ import annotations
@@ -24,25 +26,48 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench_passthrough(lines: int, repeats: int) -> None:
+def bench_passthrough(lines: int, repeats: int, targets: list[str], unbuffered: bool = False) -> None:
+    """The chatty child: `lines` short lines printed, bare vs wrapped, with its stdout on
+    each of `targets` (/dev/null, a file, a pipe read by us), runs interleaved so that
+    machine noise hits both alike; medians of wall time and of CPU time (the child's and
+    mpdoctor's, user + system)."""
+    import resource
+
     child = [sys.executable, "-c", f"import sys\nw = sys.stdout.write\nfor i in range({lines}): w(f'line {{i}} "
                                    f"loss 0.{{i % 9973:04d}}\\n')"]
     env = dict(os.environ)
     env.pop("PYTHONUNBUFFERED", None)  # a training script's stdout to a file is block-buffered
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"  # one write per line: the pump's worst case
     wrapped = [sys.executable, "-m", "mpdoctor", "run", "--"] + child
 
-    def timed(cmd: list[str]) -> float:
-        with tempfile.TemporaryFile() as out:
-            start = time.perf_counter()
-            subprocess.run(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, check=True, cwd=ROOT)
-            return time.perf_counter() - start
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
 
-    bare, wrap = [], []
-    for _ in range(repeats):  # interleaved, so that machine noise hits both alike
-        bare.append(timed(child))
-        wrap.append(timed(wrapped))
-    b, w = statistics.median(bare), statistics.median(wrap)
-    print(f"passthrough  {lines:,} lines: bare {b:.3f} s, wrapped {w:.3f} s  ->  {w / b:.3f}x  (goal <= 1.2x)")
+    def timed(cmd: list[str], target: str) -> tuple[float, float]:
+        c0, start = cpu(), time.perf_counter()
+        if target == "pipe":
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+            while proc.stdout.read1(1 << 20):  # type: ignore[union-attr]
+                pass
+            assert proc.wait() == 0
+        else:
+            with (open(os.devnull, "wb") if target == "devnull" else tempfile.TemporaryFile()) as out:
+                subprocess.run(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, check=True, cwd=ROOT)
+        return time.perf_counter() - start, cpu() - c0
+
+    print(f"passthrough, a child printing {lines:,} lines ({'unbuffered' if unbuffered else 'block-buffered'}), "
+          f"median of {repeats}; wrapped / bare (goal <= 1.2x):")
+    for target in targets:
+        bare, wrap = [], []
+        for _ in range(repeats):  # interleaved, so that machine noise hits both alike
+            bare.append(timed(child, target))
+            wrap.append(timed(wrapped, target))
+        bw, ww = statistics.median(t for t, _ in bare), statistics.median(t for t, _ in wrap)
+        bc, wc = statistics.median(c for _, c in bare), statistics.median(c for _, c in wrap)
+        print(f"  stdout -> {target:8s} wall: bare {bw:6.2f} s, wrapped {ww:6.2f} s -> {ww / bw:.2f}x    "
+              f"cpu: bare {bc:6.2f} s, wrapped {wc:6.2f} s -> {wc / bc:.2f}x")
 
 
 def bench_step(steps: int, warmup: int) -> None:
@@ -130,14 +155,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=("passthrough", "step"))
     ap.add_argument("--lines", type=int, default=3_000_000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--targets", default="devnull,file,pipe",
+                    help="where the chatty child's stdout goes, comma-separated (devnull, file, pipe)")
+    ap.add_argument("--unbuffered", action="store_true",
+                    help="PYTHONUNBUFFERED=1 in the child: one write per line (the default: block-buffered)")
     ap.add_argument("--steps", type=int, default=12, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for the step bench (default: torch's; 1 is steadier on a shared machine)")
     args = ap.parse_args()
     if args.only in (None, "passthrough"):
-        bench_passthrough(args.lines, args.repeats)
+        bench_passthrough(args.lines, args.repeats, args.targets.split(","), args.unbuffered)
     if args.only in (None, "step"):
         if args.threads:
             import torch

@@ -71,9 +71,7 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output:
     unrecognised: list[Unrecognised] = []
 
     if output.strip():
-        from ..explain import explain_text
-
-        explained = explain_text(output, rules)
+        explained = _explain_output(output, rules)
         findings += explained.findings
         unrecognised += explained.unrecognised
 
@@ -110,6 +108,30 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output:
     report = Report(findings=rank_findings(findings), unrecognised=unrecognised, extra=extra)
     report.quiet_rules = {r.id for r in rules if r.quiet}
     return report
+
+
+# Up to this much output is explained whole; more (a chatty training prints a line per
+# step) only in the regions around what a rule or a traceback could start at, as
+# `explain` reads a big log (scan.RegionScanner): the same findings, a fraction of the time.
+WHOLE_OUTPUT = 256 * 1024
+
+
+def _explain_output(output: str, rules: list[Rule]) -> Report:
+    from ..explain import explain_lines, explain_text, matcher_for
+    from ..scan import RegionScanner, looks_binary
+
+    if len(output) <= WHOLE_OUTPUT:
+        return explain_text(output, rules)
+    if looks_binary(output[-65536:].encode("utf-8", "replace")):
+        return Report(findings=[])  # it ends in data (`tar c . | ...`), not in a log to explain
+    from ..logtext import normalise
+
+    scanner = RegionScanner(matcher_for(rules).prefilter())
+    scanner.feed(output.encode("utf-8", "surrogateescape"))
+    lines = []
+    for first_no, region in scanner.finish():
+        lines.extend(normalise(region.decode("utf-8", "replace"), first_no))
+    return explain_lines(lines, rules)
 
 
 def _quiet(f: Finding, by_id: dict[str, Rule]) -> bool:
@@ -209,7 +231,7 @@ def _env_findings(view: RunView, rules: list[Rule], extra: dict[str, Any] | None
     from ..env.judge import judge
 
     try:
-        snapshot = load_snapshot_data({"schema": 1, **p.env})
+        snapshot = load_snapshot_data({"schema": 1, **p.env}, live=True)  # odd values nulled, not refused
     except SnapshotError:
         return []
     plan = p.plan

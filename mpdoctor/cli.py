@@ -27,12 +27,23 @@ examples:
 """
 
 
-def add_output_options(p: argparse.ArgumentParser) -> None:
-    """--format and --rules, which every face that reports findings takes."""
-    p.add_argument("--format", choices=("terminal", "json", "markdown"), default="terminal",
-                   help="terminal (default, rich), json (stable, for scripts), markdown (for a GitHub issue)")
+def add_output_options(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("terminal", "json", "markdown", "oneline"),
+                       report_options: bool = True) -> None:
+    """--format and --rules, which every face that reports findings takes; with
+    `report_options`, also --anonymize and -v (faces whose output carries the user's
+    paths and logs)."""
+    helps = {"terminal": "terminal (default)", "json": "json (versioned, for scripts: docs/json-*.md)",
+             "markdown": "markdown (for a GitHub issue)", "oneline": "oneline (one line per finding, for CI logs)"}
+    p.add_argument("--format", choices=formats, default="terminal",
+                   help=", ".join(helps[f] for f in formats))
     p.add_argument("--rules", action="append", default=[], metavar="DIR",
                    help="also load the rules in DIR (repeatable; MPDOCTOR_RULES_PATH works too)")
+    if report_options:
+        p.add_argument("--anonymize", action="store_true",
+                       help="also hide the home directory (as ~), the user name and the host name; "
+                            "secrets (tokens, passwords, URL credentials) are always redacted")
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="also show each finding's facts (the values its sentences were made from)")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -1,25 +1,78 @@
-"""The renderers every face shares: terminal (rich), json, markdown.
+"""The renderers every face shares: terminal, oneline, json, markdown.
 
 They take a Report (plain data) and nothing else, and print nothing themselves: each
-returns a string or writes to the console it is given.
+returns a string or writes to the console it is given. Every one of them scrubs the
+report first (mpdoctor/redact.py: secrets always, home/user/host with --anonymize), so
+whatever leaves mpdoctor through them carries no secret.
+
+The terminal layout is plain indented text (no panels): URLs, commands and code spans
+are never cut by wrapping (lines break at spaces, a `code span` or URL stays whole on
+its line even when it is longer than the terminal), no line carries trailing padding.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from .findings import Finding, Report
+from .findings import Evidence, Finding, Report, Unrecognised
 
-FORMATS = ("terminal", "json", "markdown")
+FORMATS = ("terminal", "json", "markdown", "oneline")
 SYMBOL = {"error": "✗", "warning": "!", "info": "i"}
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _SKIP_FACTS = {"derive_error"}
 
+# The JSON contracts, one per face (docs/json-*.md). A version changes only when a key
+# is removed or changes meaning; new keys may appear within a version.
+SCHEMAS = {
+    "explain": "mpdoctor.explain/1",
+    "run": "mpdoctor.run/1",
+    "check": "mpdoctor.check/1",
+    "probe": "mpdoctor.probe/1",
+}
 
-def to_json(report: Report) -> str:
+
+# --- scrubbing ------------------------------------------------------------------------
+
+def clean_report(report: Report, anonymize: bool = False) -> Report:
+    """A copy of `report` with every secret cut (and home/user/host hidden with
+    `anonymize`). Evidence keeps its line numbers; only the secret bytes change.
+    Facts are mpdoctor's own vocabulary: their values are scrubbed, their names kept."""
+    from .redact import Scrubber
+
+    s = Scrubber(anonymize)
+
+    def finding(f: Finding) -> Finding:
+        out = Finding(
+            rule=f.rule, category=f.category, severity=f.severity, title=s.text(f.title),
+            explanation=s.text(f.explanation), fixes=[s.text(x) for x in f.fixes],
+            evidence=[Evidence(text=s.text(e.text), line=e.line, source=s.text(e.source)) for e in f.evidence],
+            facts=s.obj(f.facts, by_name=False), references=[s.text(r) for r in f.references],
+            count=f.count, ranks=list(f.ranks), consequence=f.consequence, priority=f.priority,
+        )
+        # numeric series only (for the sparklines): nothing else of the helper facts leaves
+        out.all_facts = {k: v for k, v in (f.all_facts or {}).items()
+                         if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)}
+        return out
+
+    def unrec(u: Unrecognised) -> Unrecognised:
+        return Unrecognised(exception=s.text(u.exception), line=u.line,
+                            user_frame=s.text(u.user_frame) if u.user_frame else u.user_frame,
+                            count=u.count, ranks=list(u.ranks))
+
+    out = Report(findings=[finding(f) for f in report.findings], input=s.obj(report.input),
+                 unrecognised=[unrec(u) for u in report.unrecognised], extra=s.obj(report.extra))
+    out.quiet_rules = set(report.quiet_rules)
+    return out
+
+
+def to_json(report: Report, schema: str | None = None, anonymize: bool = False) -> str:
     import json
 
-    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+    data = clean_report(report, anonymize).to_dict()
+    if schema:
+        data = {"schema": schema, **data}
+    return json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
 
 
 def _facts_line(f: Finding) -> str:
@@ -37,8 +90,227 @@ def _evidence_label(line: int | None, source: str) -> str:
     return source
 
 
-def to_markdown(report: Report, heading: str = "mpdoctor") -> str:
+# --- wrapping that never cuts a URL, a command or a code span ---------------------------
+
+# a unit: a run of non-spaces that may contain whole `code spans` (with their spaces)
+_UNIT = re.compile(r"(?:[^\s`]*`[^`\n]*`)+[^\s`]*|\S+")
+
+
+def cells(text: str) -> int:
+    """Terminal columns `text` takes (CJK characters take two)."""
+    if text.isascii():
+        return len(text)
+    from unicodedata import combining, east_asian_width
+
+    return sum(0 if combining(ch) else 2 if east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _split_cells(unit: str, width: int) -> list[str]:
+    """A long run of wide text (CJK prose has no spaces) cut into pieces of `width`
+    columns; only for units with wide characters, never for a URL or a command."""
+    pieces, cur, n = [], "", 0
+    for ch in unit:
+        w = cells(ch)
+        if cur and n + w > width:
+            pieces.append(cur)
+            cur, n = "", 0
+        cur += ch
+        n += w
+    return pieces + [cur] if cur else pieces
+
+
+def wrap(text: str, width: int, indent: int = 0, first: str = "", rest: str | None = None) -> list[str]:
+    """`text` as lines of at most `width` characters, broken at spaces only: a URL, a
+    path or a `code span` is never cut (one longer than the line gets a line of its own
+    and overflows it, which a terminal soft-wraps and copies whole). `first` prefixes the
+    first line, `rest` (default: spaces as wide as `first`) the others, after `indent`."""
+    pad = " " * indent
+    rest = " " * len(first) if rest is None else rest
+    lines: list[str] = []
+    prefix = pad + first
+    for para in text.split("\n"):
+        units = _UNIT.findall(para)
+        if not units:
+            lines.append(prefix.rstrip())
+            prefix = pad + rest
+            continue
+        cur = prefix
+        empty = True
+        room = max(10, width - len(pad + rest))
+        expanded: list[str] = []
+        for u in units:  # wide prose without spaces may break anywhere; code and URLs never
+            expanded += _split_cells(u, room) if not u.isascii() and "`" not in u and cells(u) > room else [u]
+        for u in expanded:
+            if empty:
+                if cells(cur) + cells(u) > width and cur.strip() and cur != prefix:
+                    lines.append(cur.rstrip())
+                    cur = pad + rest
+                cur += u
+                empty = False
+            elif cells(cur) + 1 + cells(u) <= width:
+                cur += " " + u
+            else:
+                lines.append(cur.rstrip())
+                cur = pad + rest + u
+            prefix = pad + rest
+        lines.append(cur.rstrip())
+        prefix = pad + rest
+    return lines
+
+
+def table_lines(cols: list[str], rows: list[list[str]], width: int, *, right: set[str] | frozenset = frozenset(),
+                key: int = 0) -> list[str]:
+    """A plain table (no box characters, no trailing spaces) when it fits in `width`;
+    otherwise stacked: each row's `key` cell on a line, then `  column: value` lines, so
+    that no cell is ever truncated."""
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    if sum(widths) + 2 * (len(cols) - 1) <= width:
+        def fmt(cells: list[str]) -> str:
+            parts = [cell.rjust(w) if col in right else cell.ljust(w) for cell, w, col in zip(cells, widths, cols)]
+            return "  ".join(parts).rstrip()
+        return [fmt(cols), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+    label = max(len(c) for i, c in enumerate(cols) if i != key)
+    out: list[str] = []
+    for r in rows:
+        out.append(r[key])
+        for i, (c, cell) in enumerate(zip(cols, r)):
+            if i != key:
+                out += wrap(cell, width, indent=2, first=f"{c + ':':<{label + 1}} ")
+    return out
+
+
+def sparkline(values: list[float]) -> str:
+    """▁▂▃▄▅▆▇█ for a series (the loss scale over steps): log-scaled when it spans
+    more than a factor of 100, as loss scales do."""
+    import math
+
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    if not vals:
+        return ""
+    if min(vals) > 0 and max(vals) / min(vals) > 100:
+        vals = [math.log2(v) for v in vals]
+    lo, hi = min(vals), max(vals)
+    bars = "▁▂▃▄▅▆▇█"
+    if hi == lo:
+        return bars[3] * len(vals)
+    return "".join(bars[min(7, int((v - lo) / (hi - lo) * 8))] for v in vals)
+
+
+def bar(fraction: float, width: int = 20) -> str:
+    """A horizontal bar for a share in [0, 1] (headroom against a dtype's largest value)."""
+    f = max(0.0, min(1.0, float(fraction)))
+    full = int(f * width)
+    return "█" * full + ("▌" if f * width - full >= 0.5 else "") + "·" * (width - full - (1 if f * width - full >= 0.5 else 0))
+
+
+def _series(f: Finding) -> list[tuple[str, list[float]]]:
+    """Numeric series a finding's facts carry (a run rule's `_scale_series`: the loss
+    scale over the steps), drawn as a sparkline in the terminal and the markdown."""
+    out = []
+    facts = dict(f.all_facts or {})
+    facts.update(f.facts)
+    for k, v in facts.items():
+        if isinstance(v, list) and len(v) >= 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            if "scale" in k or k.endswith("_series") or "loss" in k:
+                out.append((k.lstrip("_").replace("_", " "), v))
+    return out
+
+
+# --- environment block (markdown) -------------------------------------------------------
+
+def environment_from_snapshot(snap: dict[str, Any]) -> dict[str, str]:
+    """mpdoctor, Python, torch, accelerate, GPU, driver from an environment snapshot."""
+    from . import __version__
+
+    def get(*path: str) -> Any:
+        cur: Any = snap
+        for p in path:
+            if not isinstance(cur, dict):
+                return None
+            cur = cur.get(p)
+        return cur
+
+    env: dict[str, str] = {"mpdoctor": __version__}
+    py = get("platform", "python")
+    system = " ".join(str(x) for x in (get("platform", "system"), get("platform", "machine")) if x)
+    env["Python"] = f"{py} ({system})" if py and system else str(py or "unknown")
+    versions = get("packages", "versions") or {}
+    torch_v = get("torch", "version") or versions.get("torch")
+    cuda = get("torch", "cuda_build")
+    env["torch"] = (f"{torch_v}" + (f" (CUDA {cuda})" if cuda else "")) if torch_v else "not installed"
+    env["accelerate"] = versions.get("accelerate") or "not installed"
+    gpus = get("nvml", "gpus") or []
+    names = [g.get("name") for g in gpus if isinstance(g, dict) and g.get("name")]
+    if not names:
+        names = [d.get("name") for d in (get("torch", "devices") or []) if isinstance(d, dict) and d.get("name")]
+    env["GPU"] = _gpu_summary(names) or "none found"
+    env["driver"] = str(get("nvml", "driver_version") or "none found")
+    return env
+
+
+def _gpu_summary(names: list[str]) -> str:
+    if not names:
+        return ""
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c}× {n}" if c > 1 else n for n, c in counts.items())
+
+
+def environment_light() -> dict[str, str]:
+    """The same block without importing torch (for `run`: the training has ended):
+    distribution versions from their metadata, GPU and driver from nvidia-smi in a child
+    with a short timeout (never NVML in this process)."""
+    import platform
+    import shutil
+    import subprocess
+    from importlib import metadata
+
+    from . import __version__
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except Exception:
+            return "not installed"
+
+    env = {"mpdoctor": __version__, "Python": f"{platform.python_version()} ({platform.system()} {platform.machine()})",
+           "torch": version("torch"), "accelerate": version("accelerate"), "GPU": "none found", "driver": "none found"}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=5, start_new_session=True).stdout
+            rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+            if rows:
+                env["GPU"] = _gpu_summary([r[0] for r in rows])
+                env["driver"] = rows[0][-1]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return env
+
+
+def _environment_markdown(env: dict[str, str]) -> list[str]:
+    return ["**Environment**", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
+
+
+# --- markdown -------------------------------------------------------------------------
+
+_FOLD_EVIDENCE = 12  # evidence longer than this folds in <details>
+_FOLD_UNRECOGNISED = 5
+
+
+def to_markdown(report: Report, heading: str = "mpdoctor", *, anonymize: bool = False, verbose: bool = False,
+                environment: dict[str, str] | None = None) -> str:
+    """The block a user pastes into a GitHub issue: heading, environment (when known),
+    one section per finding; long evidence and lists folded in <details>."""
+    from .redact import Scrubber, markdown_safe
+
+    report = clean_report(report, anonymize)
+    heading = Scrubber(anonymize).text(heading)
     out: list[str] = [f"## {heading}", ""]
+    if environment:
+        out += _environment_markdown(Scrubber(anonymize).obj(environment))
     if not report.findings:
         out.append(_nothing_found(report))
         out.append("")
@@ -51,14 +323,16 @@ def to_markdown(report: Report, heading: str = "mpdoctor") -> str:
         if f.explanation:
             out.append(f.explanation)
             out.append("")
+        for name, series in _series(f):
+            out += [f"{name}: `{sparkline(series)}` ({_num(series[0])} → {_num(series[-1])}, {len(series)} values)", ""]
         if f.evidence:
-            out.append("**Evidence**")
-            out.append("")
+            fold = len(f.evidence) > _FOLD_EVIDENCE
+            out += [f"<details><summary>Evidence ({len(f.evidence)} lines)</summary>", ""] if fold else ["**Evidence**", ""]
             out.append("```text")
             for e in f.evidence:
                 out.append(f"{_evidence_label(e.line, e.source)}: {e.text}")
             out.append("```")
-            out.append("")
+            out += ["", "</details>", ""] if fold else [""]
         if f.fixes:
             out.append("**Fix**")
             out.append("")
@@ -66,69 +340,132 @@ def to_markdown(report: Report, heading: str = "mpdoctor") -> str:
                 out.append(f"{n}. {fix}")
             out.append("")
         facts = _facts_line(f)
-        if facts:
-            out.append(f"<sub>facts: {facts}</sub>")
-            out.append("")
+        if facts and verbose:
+            out += ["<details><summary>facts</summary>", "", f"`{facts}`", "", "</details>", ""]
         if f.references:
             out.append("References: " + ", ".join(f"<{r}>" for r in f.references))
             out.append("")
     if report.unrecognised:
-        out.append("### Not recognised")
-        out.append("")
+        fold = len(report.unrecognised) > _FOLD_UNRECOGNISED
+        out += ([f"<details><summary>Not recognised ({len(report.unrecognised)})</summary>", ""] if fold
+                else ["### Not recognised", ""])
         for u in report.unrecognised:
             out.append(f"- line {u.line}: `{u.exception}`{_unrecognised_tail(u)}")
-        out.append("")
-    return "\n".join(out)
+        out += ["", "</details>", ""] if fold else [""]
+    return markdown_safe("\n".join(out))
 
 
-def print_terminal(report: Report, console: Any, heading: str | None = None) -> None:
-    """Rich output: one panel per finding, evidence with line numbers, numbered fixes."""
-    from rich.markup import escape
-    from rich.panel import Panel
+def _num(v: float) -> str:
+    return f"{v:g}"
+
+
+# --- terminal -------------------------------------------------------------------------
+
+def _width(console: Any) -> int:
+    try:
+        return max(40, int(console.width))
+    except (TypeError, ValueError, AttributeError):
+        return 80
+
+
+def _say(console: Any, *parts: tuple[str, str]) -> None:
+    """One line, exactly as given: never wrapped, cropped or padded by rich."""
     from rich.text import Text
 
+    t = Text(no_wrap=True, overflow="ignore", end="\n")
+    for text, style in parts:
+        t.append(text, style=style or None)
+    console.print(t, soft_wrap=True, crop=False)
+
+
+def print_terminal(report: Report, console: Any, heading: str | None = None, *, anonymize: bool = False,
+                   verbose: bool = False) -> None:
+    """Plain indented output, one block per finding: header, title, why, evidence with
+    line numbers, numbered fixes, references each on its own line."""
+    from .redact import scrub
+
+    report = clean_report(report, anonymize)
+    heading = scrub(heading, anonymize) if heading else heading
+    width = _width(console)
     if heading:
-        console.print(Text(heading, style="bold"))
+        _say(console, (heading, "bold"))
     if not report.findings:
-        console.print(Text(("✓ " if not report.unrecognised else "") + _nothing_found(report),
-                           style="green" if not report.unrecognised else "yellow"))
-    for f in report.findings:
-        body = Text()
-        body.append(f.title + "\n", style="bold")
-        if f.explanation:
-            body.append("\n" + f.explanation + "\n")
-        if f.evidence:
-            body.append("\nEvidence\n", style="bold")
-            for e in f.evidence:
-                label = _evidence_label(e.line, e.source)
-                body.append(f"  {label:>10} │ ", style="dim")
-                body.append(e.text + "\n")
-        if f.fixes:
-            body.append("\nFix\n", style="bold")
-            for n, fix in enumerate(f.fixes, 1):
-                body.append(f"  {n}. ", style="bold")
-                body.append(fix + "\n")
-        facts = _facts_line(f)
-        if facts:
-            body.append("\nfacts: " + facts + "\n", style="dim")
-        if f.references:
-            body.append("see: " + "  ".join(f.references) + "\n", style="dim")
+        _say(console, (("✓ " if not report.unrecognised else "") + _nothing_found(report),
+                       "green" if not report.unrecognised else "yellow"))
+    for n, f in enumerate(report.findings):
+        if n or heading:
+            _say(console)
         count = f" ×{f.count}" if f.count > 1 else ""
         ranks = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
-        title = f"{SYMBOL[f.severity]} {f.severity}{count}{ranks} · {f.category} · {f.rule}"
-        console.print(Panel(body, title=escape(title), title_align="left", border_style=STYLE[f.severity]))
+        _say(console, (f"{SYMBOL[f.severity]} {f.severity}{count}{ranks}", STYLE[f.severity]),
+             (f" · {f.category} · {f.rule}", "dim"))
+        for line in wrap(f.title, width, indent=2):
+            _say(console, (line, "bold"))
+        if f.explanation:
+            for line in wrap(f.explanation, width, indent=2):
+                _say(console, (line, ""))
+        for name, series in _series(f):
+            _say(console, (f"  {name}: ", "dim"), (sparkline(series), "cyan"),
+                 (f"  {_num(series[0])} → {_num(series[-1])}", "dim"))
+        if f.evidence:
+            _say(console, ("  Evidence", "bold"))
+            labels = [_evidence_label(e.line, e.source) for e in f.evidence]
+            lw = max(len(x) for x in labels)
+            for label, e in zip(labels, f.evidence):
+                lines = wrap(e.text, width, indent=4, first=f"{label:>{lw}}: ")
+                _say(console, (lines[0][: 4 + lw + 2], "dim"), (lines[0][4 + lw + 2:], ""))
+                for line in lines[1:]:
+                    _say(console, (line, ""))
+        if f.fixes:
+            _say(console, ("  Fix", "bold"))
+            for i, fix in enumerate(f.fixes, 1):
+                lines = wrap(fix, width, indent=4, first=f"{i}. ")
+                _say(console, (lines[0][:4 + len(f'{i}. ')], "bold"), (lines[0][4 + len(f'{i}. '):], ""))
+                for line in lines[1:]:
+                    _say(console, (line, ""))
+        if f.references:
+            _say(console, ("  See", "bold"))
+            for r in f.references:
+                _say(console, ("    " + r, ""))
+        facts = _facts_line(f)
+        if facts and verbose:
+            for line in wrap("facts: " + facts, width, indent=2):
+                _say(console, (line, "dim"))
+    if report.unrecognised and report.findings:
+        _say(console)
     for u in report.unrecognised:
-        line = Text("? not recognised, ", style="yellow")
-        line.append(f"line {u.line}: ", style="dim")
-        line.append(u.exception)
-        line.append(_unrecognised_tail(u), style="dim")
-        console.print(line)
+        _say(console, ("? not recognised, ", "yellow"), (f"line {u.line}: ", "dim"), (u.exception, ""),
+             (_unrecognised_tail(u), "dim"))
+    if report.findings:
+        _say(console)
+        _say(console, (_summary(report), "bold"))
+
+
+def _summary(report: Report) -> str:
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
     infos = sum(f.severity == "info" for f in report.findings)
-    if report.findings:
-        console.print(Text(f"{len(report.findings)} finding(s): {errors} error, {warnings} warning, {infos} info",
-                           style="bold"))
+    return f"{len(report.findings)} finding(s): {errors} error, {warnings} warning, {infos} info"
+
+
+def to_oneline(report: Report, where: str = "", *, anonymize: bool = False) -> str:
+    """One line per finding, `WHERE:LINE: severity [rule] category: title`, the shape of
+    compilers and linters (gcc, ruff --output-format concise) for CI logs and editors."""
+    from .redact import scrub
+
+    report = clean_report(report, anonymize)
+    where = scrub(where, anonymize)
+    out = []
+    for f in report.findings:
+        first = f.first_line
+        loc = f"{where}:{first}" if first else (where or "mpdoctor")
+        count = f" (×{f.count})" if f.count > 1 else ""
+        out.append(f"{loc}: {f.severity} [{f.rule}] {f.category}: {' '.join(f.title.split())}{count}")
+    for u in report.unrecognised:
+        loc = f"{where}:{u.line}" if u.line else (where or "mpdoctor")
+        out.append(f"{loc}: unrecognised {' '.join(u.exception.split())}{_unrecognised_tail(u)}")
+    out.append(_summary(report) if report.findings else "no finding")
+    return "\n".join(out) + "\n"
 
 
 def _nothing_found(report: Report) -> str:
@@ -147,24 +484,87 @@ def _unrecognised_tail(u: Any) -> str:
     return where + times + ranks
 
 
-def make_console(stderr: bool = False) -> Any:
+class _ScrubbingFile:
+    """The console's file: every write scrubbed once more (a safety net under the
+    renderers' own scrubbing, for text a face prints through rich directly)."""
+
+    def __init__(self, stream: Any, anonymize: bool = False):
+        from .redact import Scrubber
+
+        self._stream = stream
+        self._scrub = Scrubber(anonymize).text
+
+    def write(self, text: str) -> int:
+        return self._stream.write(self._scrub(text))
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding ...
+        return getattr(self._stream, name)
+
+
+_PAD = re.compile(r"[ \t]+((?:\x1b\[[0-9;]*m)*)$")
+
+
+def print_unpadded(console: Any, renderable: Any) -> None:
+    """Print a rich renderable (a Markdown page, a Table) without the spaces rich pads
+    every line with to the full width."""
+    with console.capture() as cap:
+        console.print(renderable)
+    text = "\n".join(_PAD.sub(r"\1", line) for line in cap.get().split("\n"))
+    console.file.write(text)
+    console.file.flush()
+
+
+def make_console(stderr: bool = False, anonymize: bool = False) -> Any:
+    import sys
+
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    console = Console(file=_ScrubbingFile(stream, anonymize), highlight=False, soft_wrap=False)
+    console.on_broken_pipe = _broken_pipe  # rich would exit 1 ("error found"); commands.guarded says 0
+    return console
 
 
-def emit(report: Report, fmt: str, *, stderr: bool = False, heading: str = "mpdoctor") -> None:
-    """Write the report in `fmt` to stdout (or stderr, for `run`)."""
+def _broken_pipe() -> None:
+    raise BrokenPipeError("the reader of the output went away")
+
+
+def emit(report: Report, fmt: str, *, stderr: bool = False, heading: str = "mpdoctor", anonymize: bool = False,
+         verbose: bool = False, schema: str | None = None, where: str = "",
+         environment: dict[str, str] | None = None) -> None:
+    """Write the report in `fmt` to stdout (or stderr, for `run`): the one way out for
+    explain and run, scrubbed of secrets (and anonymized with `anonymize`)."""
     import sys
 
     stream = sys.stderr if stderr else sys.stdout
-    if fmt == "json":
-        stream.write(to_json(report))
-    elif fmt == "markdown":
-        stream.write(to_markdown(report, heading))
-    else:
-        print_terminal(report, make_console(stderr=stderr))
+    stream.write(render_text(report, fmt, heading=heading, anonymize=anonymize, verbose=verbose,
+                             schema=schema, where=where, environment=environment, stderr=stderr)
+                 if fmt != "terminal" else "")
+    if fmt == "terminal":
+        print_terminal(report, make_console(stderr=stderr, anonymize=anonymize), heading=None,
+                       anonymize=anonymize, verbose=verbose)
     stream.flush()
+
+
+def render_text(report: Report, fmt: str, *, heading: str = "mpdoctor", anonymize: bool = False,
+                verbose: bool = False, schema: str | None = None, where: str = "",
+                environment: dict[str, str] | None = None, stderr: bool = False, width: int | None = None) -> str:
+    """The report as a string in `fmt` (what `--report FILE` writes): json, markdown,
+    oneline, or the terminal layout without colours."""
+    if fmt == "json":
+        return to_json(report, schema=schema, anonymize=anonymize)
+    if fmt == "markdown":
+        return to_markdown(report, heading, anonymize=anonymize, verbose=verbose, environment=environment)
+    if fmt == "oneline":
+        return to_oneline(report, where, anonymize=anonymize)
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width or 80, no_color=True, highlight=False, color_system=None)
+    print_terminal(report, console, heading=None, anonymize=anonymize, verbose=verbose)
+    return buf.getvalue()
 
 
 # --- check's checklist: one line per area, the fix beneath (report.extra["checklist"]) ---
@@ -191,63 +591,80 @@ def _skips_by_reason(skipped: list[dict[str, Any]]) -> list[tuple[str, list[str]
     return list(grouped.items())
 
 
-def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check") -> None:
+def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check", *, anonymize: bool = False,
+                    verbose: bool = False) -> None:
     """The glanceable form of `mpdoctor check`: environment, precision plan, one line
     per area (✓ / ! / ✗ / – skipped) with each finding's first fix beneath. Wrapped
-    lines keep their indent, so the fix stays visibly under its finding."""
-    from rich.padding import Padding
-    from rich.text import Text
+    lines keep their indent (broken at spaces only), so the fix stays visibly under its
+    finding and a command in it copies whole."""
+    from .redact import scrub
 
-    def line(indent: int, *parts: tuple[str, str]) -> None:
-        t = Text()
-        for text, style in parts:
-            t.append(text, style=style)
-        console.print(Padding(t, (0, 0, 0, indent), expand=False))
+    report = clean_report(report, anonymize)
+    heading = scrub(heading, anonymize)
+    width = _width(console)
+
+    def line(indent: int, text: str, style: str = "", lead: str = "", lead_style: str = "", hang: int = 0) -> None:
+        lines = wrap(text, width, indent=indent, first=lead, rest=" " * (len(lead) + hang))
+        head = indent + len(lead)
+        _say(console, (lines[0][:head], lead_style), (lines[0][head:], style))
+        for extra in lines[1:]:
+            _say(console, (extra, style))
 
     c = report.extra.get("checklist", {})
-    console.print(Text(heading, style="bold"))
+    _say(console, (heading, "bold"))
     for text in c.get("environment", []):
-        line(2, (text, "dim"))
-    console.print(Text("Precision plan", style="bold"))
+        line(2, text, "dim", hang=2)
+    _say(console, ("Precision plan", "bold"))
     for text in c.get("plan", []):
-        line(2, (text, ""))
+        line(2, text, hang=2)
     for m in c.get("modes", []):
-        line(2, (CHECK_SYMBOL.get(m["status"], "?") + " ", CHECK_STYLE.get(m["status"], "")), (_mode_text(m), ""))
-    console.print(Text("Checklist", style="bold"))
+        line(2, _mode_text(m), "", CHECK_SYMBOL.get(m["status"], "?") + " ", CHECK_STYLE.get(m["status"], ""))
+    _say(console, ("Checklist", "bold"))
     for area in c.get("areas", []):
         strong = "bold" if area["status"] in ("error", "warning") else ""
-        line(1, (CHECK_SYMBOL[area["status"]] + " ", CHECK_STYLE[area["status"]]), (area["title"], strong),
-             ("  " + area["summary"] if area.get("summary") else "", "dim"))
+        text = area["title"] + (" — " + area["summary"] if area.get("summary") else "")
+        line(1, text, strong, CHECK_SYMBOL[area["status"]] + " ", CHECK_STYLE[area["status"]])
         for item in area.get("items", []):
             count = f" (×{item['count']})" if item.get("count", 1) > 1 else ""
-            line(5, (SYMBOL.get(item["severity"], "?") + " ", STYLE.get(item["severity"], "")),
-                 (item["title"] + count, ""), (f"  [{item['rule']}]", "dim"))
+            line(5, f"{item['title']}{count}  [{item['rule']}]", "", SYMBOL.get(item["severity"], "?") + " ",
+                 STYLE.get(item["severity"], ""))
             if item.get("fix"):
-                line(7, ("→ " + item["fix"], "cyan"))
+                line(7, item["fix"], "cyan", "→ ", "cyan")
     if c.get("fp8"):
-        console.print(Text("fp8 backends", style="bold"))
+        _say(console, ("fp8 backends", "bold"))
         for name, installed, verdict in _fp8_rows(c["fp8"]):
-            line(2, (f"{name:<18} {installed:<16} {verdict}", ""))
+            line(2, f"{name:<18} {installed:<16} {verdict}".rstrip())
     probe = report.extra.get("probe") or {}
     if probe.get("lines"):
-        console.print(Text("Probe", style="bold"))
+        _say(console, ("Probe", "bold"))
         for text in probe["lines"]:
-            line(2, (text, ""))
+            _say(console, ("  " + text.rstrip(), ""))
     skipped = c.get("skipped", [])
     if skipped:
-        console.print(Text(f"Skipped ({len(skipped)}): not judged here, neither passed nor failed", style="bold"))
+        _say(console, (f"Skipped ({len(skipped)}): not judged here, neither passed nor failed", "bold"))
         for reason, rules in _skips_by_reason(skipped):
-            line(2, (f"– {reason}: {', '.join(rules)}", "dim"))
+            line(2, f"{reason}: {', '.join(rules)}", "dim", "– ", "dim")
+    if verbose:
+        for f in report.findings:
+            facts = _facts_line(f)
+            if facts:
+                line(2, f"[{f.rule}] facts: {facts}", "dim")
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
     infos = sum(f.severity == "info" for f in report.findings)
     style = "bold red" if errors else ("yellow" if warnings else "green")
-    console.print(Text(f"{errors} error(s), {warnings} warning(s), {infos} note(s) — "
-                       "details: --format markdown or json", style=style))
+    line(0, f"{errors} error(s), {warnings} warning(s), {infos} note(s) — details: --format markdown or json", style)
 
 
-def to_checklist_markdown(report: Report, heading: str = "mpdoctor check") -> str:
+def to_checklist_markdown(report: Report, heading: str = "mpdoctor check", *, anonymize: bool = False,
+                          verbose: bool = False) -> str:
     """The block a user pastes into a bug report: the checklist, then every finding."""
+    from .redact import markdown_safe
+
+    from .redact import scrub
+
+    report = clean_report(report, anonymize)
+    heading = scrub(heading, anonymize)
     c = report.extra.get("checklist", {})
     out = [f"## {heading}", "", "**Environment**", ""]
     out += [f"- {line}" for line in c.get("environment", [])] + ["", "**Precision plan**", ""]
@@ -278,5 +695,22 @@ def to_checklist_markdown(report: Report, heading: str = "mpdoctor check") -> st
         out += ["", "</details>"]
     out.append("")
     if report.findings:
-        out.append(to_markdown(report, "Findings").replace("## Findings", "### Findings", 1))
-    return "\n".join(out)
+        # already clean: the findings part is not scrubbed twice
+        out.append(to_markdown(report, "Findings", verbose=verbose).replace("## Findings", "### Findings", 1))
+    return markdown_safe("\n".join(out))
+
+
+def emit_checklist(report: Report, fmt: str, heading: str = "mpdoctor check", *, anonymize: bool = False,
+                   verbose: bool = False, where: str = "check") -> None:
+    """`mpdoctor check`'s one way out: checklist (terminal), markdown, json, oneline."""
+    import sys
+
+    if fmt == "json":
+        sys.stdout.write(to_json(report, schema=SCHEMAS["check"], anonymize=anonymize))
+    elif fmt == "markdown":
+        sys.stdout.write(to_checklist_markdown(report, heading, anonymize=anonymize, verbose=verbose))
+    elif fmt == "oneline":
+        sys.stdout.write(to_oneline(report, where, anonymize=anonymize))
+    else:
+        print_checklist(report, make_console(anonymize=anonymize), heading, anonymize=anonymize, verbose=verbose)
+    sys.stdout.flush()

@@ -83,7 +83,8 @@ def test_unrelated_python_error_is_reported_as_unrecognised(tmp_path, capsys, fm
 def test_json_contract_key_set_is_pinned(capsys):
     code, out, _ = run_cli(["explain", OOM_LOG, "--format", "json"], capsys)
     data = json.loads(out)
-    assert set(data) == {"findings", "input", "unrecognised"}
+    assert set(data) == {"schema", "findings", "input", "unrecognised"}
+    assert data["schema"] == "mpdoctor.explain/1"
     assert {"path", "bytes", "lines"} <= set(data["input"])
     (f, *_) = data["findings"]
     assert set(f) == {"rule", "category", "severity", "title", "explanation", "fixes", "evidence", "facts",
@@ -183,7 +184,7 @@ def test_rules_list_show_and_test(tmp_path, capsys):
                near_misses=[{"text": "MINE OK 3", "note": "a success line"}],
                doc={"detects": "The mine failing.", "why": "Because mines fail."})
     code, out, _ = run_cli(["rules", "list", "--rules", tmp_path / "mine", "--format", "json"], capsys)
-    assert code == 0 and "my-rule" in {r["id"] for r in json.loads(out)}
+    assert code == 0 and "my-rule" in {r["id"] for r in json.loads(out)["rules"]}
     code, out, _ = run_cli(["rules", "show", "my-rule", "--rules", tmp_path / "mine", "--format", "markdown"], capsys)
     assert code == 0
     for section in ("# my-rule", "**Mine failed (⟨code⟩)**", "## What it detects", "The mine failing.",

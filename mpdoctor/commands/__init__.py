@@ -33,10 +33,36 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 EXIT_CODES = """\
 exit status:
-  0  no finding of severity error
+  0  no finding of severity error (also when the reader of the output went away,
+     as in `mpdoctor check | head -1`)
   1  at least one error finding
   2  the input could not be read, or the arguments or rules are wrong
+  130  interrupted (Ctrl-C)
 """
+
+# Every MPDOCTOR_* variable a face reads, with what it does; each face's --help lists its own.
+ENV_VARS: dict[str, str] = {
+    "MPDOCTOR_RULES_PATH": "DIR[:DIR...]: also load these rule folders (like --rules)",
+    "MPDOCTOR_CACHE_DIR": "where the compiled rule cache lives (default ~/.cache/mpdoctor)",
+    "MPDOCTOR_NO_CACHE": "1: do not cache the compiled rules",
+    "MPDOCTOR_NO_HYPERSCAN": "1: scan with Python's re even where Hyperscan is installed",
+    "MPDOCTOR_PROGRESS_AFTER": "SECONDS: show reading progress on a terminal after this long (1.5)",
+    "MPDOCTOR_TORCH_TIMEOUT": "SECONDS: how long the torch child may take to answer",
+    "MPDOCTOR_NVML_TIMEOUT": "SECONDS: how long the NVML (driver) query may take to answer",
+    "MPDOCTOR_WATCH_EVERY": "N: instrument every Nth step (1)",
+    "MPDOCTOR_SAVE_EVENTS": "FILE: keep the wrapped run's recorded events (as fixtures are made)",
+    "MPDOCTOR_SAVE_PROBE": "DIR: keep each probe mode's evidence (as fixtures are made)",
+    "MPDOCTOR_INSTRUMENT_FAIL": "1: make the instrumentation fail on purpose (it must fail open)",
+    "MPDOCTOR_PROBE_FAULT": "MODE:KIND[,...]: make a probe mode fail for real (testing)",
+    "MPDOCTOR_PROBE_MEMORY_LIMIT": "SIZE: the memory --max-batch assumes (like --memory-limit)",
+    "MPDOCTOR_DEBUG": "1: show mpdoctor's own traceback on an internal error",
+    "NO_COLOR": "1: no colours (any value)",
+}
+
+
+def env_help(*names: str) -> str:
+    """The `environment variables:` section of a face's --help epilog."""
+    return "\nenvironment variables:\n" + "".join(f"  {n}\n      {ENV_VARS[n]}\n" for n in names)
 
 
 def load(name: str) -> Any:
@@ -44,8 +70,11 @@ def load(name: str) -> Any:
 
 
 def fail(message: str) -> int:
-    """One clear line on stderr, exit status 2 (bad input, arguments or rules)."""
-    sys.stderr.write(f"mpdoctor: {message}\n")
+    """One clear line on stderr, exit status 2 (bad input, arguments or rules); a
+    message quoting the user's input (a path, a config line) carries no secret."""
+    from ..redact import redact_text
+
+    sys.stderr.write(f"mpdoctor: {redact_text(message)}\n")
     return EXIT_BAD_INPUT
 
 
@@ -80,6 +109,12 @@ def guarded(main: Callable[[Any], int], args: Any) -> int:
         return EXIT_OK
     except MemoryError:
         return fail("not enough memory for this input")
+    except OSError as exc:
+        import errno
+
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # `> /dev/full`, a full disk
+            return fail(f"cannot write the output: {exc.strerror}")
+        return internal_error(exc)
     except RecursionError as exc:
         return internal_error(exc)
     except Exception as exc:  # never a traceback of mpdoctor itself

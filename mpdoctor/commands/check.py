@@ -18,15 +18,21 @@ from argparse import Namespace
 from typing import Any
 
 from ..findings import rank_findings
-from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, fail, load_rules_or_fail
+from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 
 DESCRIPTION = (
     "Check the hardware, driver, CUDA build, libraries and accelerate config against\n"
     "the precision you want to train in.\n\n"
     "  mpdoctor check\n  mpdoctor check --mixed-precision bf16\n"
-    "  mpdoctor check --snapshot env.json   # a snapshot from another machine"
+    "  mpdoctor check --python ~/venvs/train/bin/python   # the environment that trains\n"
+    "  mpdoctor check --snapshot env.json   # a snapshot from another machine\n\n"
+    "torch is examined in a child process (its whole process group killed after\n"
+    "MPDOCTOR_TORCH_TIMEOUT seconds, default 60), NVML in another: a torch or driver\n"
+    "that hangs or crashes is reported, not fatal."
 )
-EPILOG = EXIT_CODES
+EPILOG = EXIT_CODES + env_help("MPDOCTOR_TORCH_TIMEOUT", "MPDOCTOR_NVML_TIMEOUT", "MPDOCTOR_RULES_PATH",
+                                "MPDOCTOR_CACHE_DIR",
+                                "MPDOCTOR_NO_CACHE", "MPDOCTOR_DEBUG", "NO_COLOR")
 
 
 def add_arguments(p: Any) -> None:
@@ -37,11 +43,31 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--mixed-precision", choices=("no", "fp16", "bf16", "fp8"),
                    help="the precision to judge (default: the accelerate config, else all modes)")
     p.add_argument("--config-file", metavar="FILE", help="the accelerate config file to read")
+    add_python_option(p)
     p.add_argument("--probe", action="store_true", help="append a live probe of each precision mode")
+
+
+def add_python_option(p: Any) -> None:
+    p.add_argument("--python", metavar="PATH",
+                   help="examine the torch and libraries of this interpreter (the one that trains; "
+                        "default: the one mpdoctor runs in). mpdoctor need not be installed there")
+
+
+def python_option_problem(args: Namespace) -> str | None:
+    python = getattr(args, "python", None)
+    if not python:
+        return None
+    if getattr(args, "snapshot", None):
+        return "--python examines a live interpreter; it cannot be combined with --snapshot"
+    from ..env.child import python_problem
+
+    return python_problem(python)
 
 
 def config_file_problem(path: str | None) -> str | None:
     if path and not os.path.isfile(os.path.expanduser(path)):
+        if os.path.exists(os.path.expanduser(path)):  # a folder, a FIFO, a device: never opened
+            return f"--config-file {path}: not a regular file"
         return f"--config-file {path}: no such file"
     return None
 
@@ -61,11 +87,12 @@ def _attach_probe(report: Any, snapshot: dict[str, Any]) -> None:
 def main(args: Namespace) -> int:
     from ..env import SnapshotError, load_snapshot, start_collection
 
-    problem = config_file_problem(args.config_file)
+    problem = config_file_problem(args.config_file) or python_option_problem(args)
     if problem:
         return fail(problem)
     # torch imports in the child while this process loads the rules
-    pending = None if args.snapshot else start_collection(config_file=args.config_file)
+    pending = None if args.snapshot else start_collection(config_file=args.config_file,
+                                                          python=getattr(args, "python", None))
     from ..env.judge import EnvRuleError, judge
 
     rules = load_rules_or_fail(args.rules)
@@ -85,7 +112,10 @@ def main(args: Namespace) -> int:
             )["accelerate_config"]
         source = args.snapshot
     else:
-        snapshot = pending.finish()
+        try:
+            snapshot = pending.finish()
+        except SnapshotError as exc:  # what a collector child answered cannot be used
+            return fail(f"this machine's environment could not be read: {exc}")
         source = "live"
     try:
         report = judge(snapshot, mixed_precision=args.mixed_precision, rules=rules, source=source)
@@ -94,13 +124,8 @@ def main(args: Namespace) -> int:
     if getattr(args, "probe", False):
         _attach_probe(report, snapshot)
     heading = "mpdoctor check" + (f" --snapshot {args.snapshot}" if args.snapshot else " (this machine)")
-    from ..render import make_console, print_checklist, to_checklist_markdown, to_json
+    from ..render import emit_checklist
 
-    if args.format == "json":
-        sys.stdout.write(to_json(report))
-    elif args.format == "markdown":
-        sys.stdout.write(to_checklist_markdown(report, heading))
-    else:
-        print_checklist(report, make_console(), heading)
-    sys.stdout.flush()
+    emit_checklist(report, args.format, heading, anonymize=getattr(args, "anonymize", False),
+                   verbose=getattr(args, "verbose", False), where=args.snapshot or "check")
     return EXIT_ERROR_FINDING if report.has_error else EXIT_OK

@@ -8,7 +8,7 @@ import time
 from argparse import Namespace
 from typing import Any
 
-from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, fail, load_rules_or_fail
+from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 
 DESCRIPTION = (
     "Read a traceback or a whole training log (any size; ANSI colours, progress bars,\n"
@@ -18,10 +18,15 @@ DESCRIPTION = (
     "  torchrun ... 2>&1 | mpdoctor explain -\n"
     "  mpdoctor explain crash.txt --format markdown   # paste into an issue\n"
     "  mpdoctor explain train.log --format json       # stable, for scripts\n\n"
-    "Your own rules: --rules DIR or MPDOCTOR_RULES_PATH=DIR[:DIR...] (see `mpdoctor rules`).\n"
-    "Colours follow the terminal; NO_COLOR=1 turns them off."
+    "  mpdoctor explain train.log --format oneline    # one line per finding, for CI logs\n"
+    "  mpdoctor explain train.log --here --format markdown --anonymize\n\n"
+    "Secrets in the log (tokens, passwords, URL credentials) never reach the output;\n"
+    "--anonymize also hides the home directory, user and host names."
 )
-EPILOG = EXIT_CODES
+EPILOG = EXIT_CODES + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_CACHE_DIR", "MPDOCTOR_NO_CACHE",
+                                  "MPDOCTOR_NO_HYPERSCAN", "MPDOCTOR_PROGRESS_AFTER", "MPDOCTOR_TORCH_TIMEOUT",
+                                  "MPDOCTOR_NVML_TIMEOUT",
+                                  "MPDOCTOR_DEBUG", "NO_COLOR")
 
 
 def add_arguments(p: Any) -> None:
@@ -74,25 +79,61 @@ class ProgressLine:
 
 def main(args: Namespace) -> int:
     from ..explain import explain_path
-    from ..render import emit
+    from ..render import SCHEMAS, emit
     from ..scan import InputError
 
     rules = load_rules_or_fail(args.rules)
     if isinstance(rules, int):
         return rules
-    progress = ProgressLine("standard input" if args.path == "-" else os.path.basename(args.path))
+    from ..redact import scrub
+
+    progress = ProgressLine("standard input" if args.path == "-" else scrub(os.path.basename(args.path),
+                                                                             args.anonymize))
     try:
         report = explain_path(args.path, rules, progress)
     except InputError as exc:
         progress.done()
         return fail(str(exc))
     progress.done()
+    environment = None
     if args.snapshot or args.here:
-        from ..env.sharpen import sharpen_report
-
         try:
-            sharpen_report(report, snapshot_path=args.snapshot, here=args.here)
+            snap = _sharpen(report, args.snapshot, args.here)
         except (OSError, ValueError) as exc:
             return fail(f"cannot use the snapshot: {exc}")
-    emit(report, args.format, heading=f"mpdoctor explain {report.input.get('path', '')}".strip())
+        if snap is not None and args.format == "markdown":
+            from ..render import environment_from_snapshot
+
+            environment = environment_from_snapshot(snap)
+    where = "<stdin>" if args.path == "-" else args.path
+    emit(report, args.format, heading=f"mpdoctor explain {report.input.get('path', '')}".strip(),
+         anonymize=args.anonymize, verbose=args.verbose, schema=SCHEMAS["explain"], where=where,
+         environment=environment)
     return EXIT_ERROR_FINDING if report.has_error else EXIT_OK
+
+
+def _sharpen(report: Any, snapshot_path: str | None, here: bool) -> dict[str, Any] | None:
+    """Sharpen the findings with a snapshot (the file, or this machine collected once);
+    the snapshot is returned for the markdown environment block (None where the
+    environment code does not offer the pieces this needs: then sharpen only)."""
+    try:
+        from ..env import collect, load_snapshot
+        from ..env.judge import judge, make_view
+        from ..env.sharpen import sharpen_finding
+    except ImportError:
+        from ..env.sharpen import sharpen_report
+
+        sharpen_report(report, snapshot_path=snapshot_path, here=here)
+        return None
+    snap = load_snapshot(snapshot_path) if snapshot_path else collect()
+    cache: dict[Any, Any] = {}
+
+    def view_for(hint: str | None) -> Any:
+        if hint not in cache:
+            cache[hint] = (make_view(snap, hint), judge(snap, mixed_precision=hint, source=snapshot_path or "live"))
+        return cache[hint]
+
+    for f in report.findings:
+        sharpen_finding(f, view_for)
+    report.input["snapshot"] = snapshot_path or "live"
+    return snap

@@ -7,7 +7,7 @@ from argparse import Namespace
 from typing import Any
 
 from ..engine.rule import Rule, RuleError
-from . import EXIT_ERROR_FINDING, EXIT_OK, fail, load_rules_or_fail
+from . import EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 
 DESCRIPTION = ("The knowledge mpdoctor uses, as data under rules/: log rules (read log text), env\n"
                "rules (judge an environment snapshot), run rules (judge a wrapped run's recorded\n"
@@ -16,23 +16,26 @@ DESCRIPTION = ("The knowledge mpdoctor uses, as data under rules/: log rules (re
                "  mpdoctor rules test            # every rule's examples and near misses\n"
                "  mpdoctor rules test ./my-rules # your own rules folder")
 EPILOG = ("exit status:\n  0  done (rules test: every case passed)\n"
-          "  1  rules test: a case failed\n  2  a rule file is malformed, or the arguments are wrong\n")
+          "  1  rules test: a case failed\n  2  a rule file is malformed, or the arguments are wrong\n"
+          + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_CACHE_DIR", "MPDOCTOR_NO_CACHE", "MPDOCTOR_DEBUG", "NO_COLOR"))
 
 
 def add_arguments(p: Any) -> None:
     from ..cli import add_output_options
 
     rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
-    rl = rsub.add_parser("list", help="one line per rule")
-    add_output_options(rl)
+    rl = rsub.add_parser("list", help="one line per rule", description="The rules, grouped by kind and category.")
+    add_output_options(rl, report_options=False)
     rl.add_argument("--category", help="only this category")
     rl.add_argument("--kind", choices=("log", "env", "run", "probe"), help="only rules of this kind")
-    rs = rsub.add_parser("show", help="a rule's documentation")
+    rs = rsub.add_parser("show", help="a rule's documentation",
+                         description="A rule's page: what it detects, why, an example, the fix.")
     rs.add_argument("rule_id", metavar="ID")
-    add_output_options(rs)
-    rt = rsub.add_parser("test", help="run every rule's examples and near misses")
+    add_output_options(rs, formats=("terminal", "json", "markdown"), report_options=False)
+    rt = rsub.add_parser("test", help="run every rule's examples and near misses",
+                         description="Run every rule's examples and near misses (exit 1 when one fails).")
     rt.add_argument("dir", nargs="?", metavar="DIR", help="test only the rules in DIR (loaded with the built-ins)")
-    add_output_options(rt)
+    add_output_options(rt, formats=("terminal", "json"), report_options=False)
     p.set_defaults(_rules_parser=p)
 
 
@@ -57,25 +60,42 @@ def _rules_list(rules: list[Rule], args: Namespace) -> int:
               and (not getattr(args, 'kind', None) or r.kind == args.kind)]
     chosen.sort(key=lambda r: (r.kind, r.category, r.id))
     if args.format == "json":
-        sys.stdout.write(json.dumps([{"id": r.id, "kind": r.kind, "category": r.category,
-                                      "severity": r.severity, "title": r.title,
-                                      "path": str(r.path)} for r in chosen], indent=2) + "\n")
+        sys.stdout.write(json.dumps({"schema": "mpdoctor.rules/1", "rules": [
+            {"id": r.id, "kind": r.kind, "category": r.category, "severity": r.severity, "title": r.title,
+             "path": str(r.path)} for r in chosen]}, indent=2, ensure_ascii=False) + "\n")
         return EXIT_OK
     if args.format == "markdown":
         sys.stdout.write("| id | kind | category | severity | title |\n|---|---|---|---|---|\n")
         for r in chosen:
-            sys.stdout.write(f"| `{r.id}` | {r.kind} | `{r.category}` | {r.severity} | {r.title} |\n")
+            title = _placeholders(r.title).replace("|", "\\|")
+            sys.stdout.write(f"| `{r.id}` | {r.kind} | `{r.category}` | {r.severity} | {title} |\n")
         return EXIT_OK
-    from rich.table import Table
+    if args.format == "oneline":
+        for r in chosen:
+            sys.stdout.write(f"{r.id} {r.kind} {r.category} {r.severity} {_placeholders(r.title)}\n")
+        return EXIT_OK
+    from ..render import _say, make_console, wrap
 
-    from ..render import make_console
-
-    table = Table(title=f"{len(chosen)} rules", show_lines=False)
-    for col in ("id", "kind", "category", "severity", "title"):
-        table.add_column(col)
+    console = make_console()
+    width = max(40, console.width)
+    idw = max((len(r.id) for r in chosen), default=0)
+    _say(console, (f"{len(chosen)} rules", "bold"))
+    group = None
     for r in chosen:
-        table.add_row(r.id, r.kind, r.category, r.severity, r.title)
-    make_console().print(table)
+        if (r.kind, r.category) != group:
+            group = (r.kind, r.category)
+            _say(console)
+            _say(console, (f"{r.kind} · {r.category}", "bold"))
+        head = f"  {r.id:<{idw}}  {r.severity:<7}  "
+        title = _placeholders(r.title)
+        if len(head) + 40 <= width:  # the title beside the id, wrapped under itself
+            lines = wrap(title, width, first=head)
+            _say(console, (lines[0][:len(head)], ""), (lines[0][len(head):], "dim"))
+        else:  # the id whole on its line, the title beneath
+            _say(console, (f"  {r.id}  {r.severity}", ""))
+            lines = [""] + wrap(title, width, indent=6)
+        for line in lines[1:]:
+            _say(console, (line, "dim"))
     return EXIT_OK
 
 
@@ -179,7 +199,7 @@ def _rules_show(rules: list[Rule], args: Namespace) -> int:
         return fail(f"no rule {args.rule_id!r}{hint}")
     doc = rule_doc_markdown(rule, rules)
     if args.format == "json":
-        sys.stdout.write(json.dumps({"id": rule.id, "kind": rule.kind, "category": rule.category,
+        sys.stdout.write(json.dumps({"schema": "mpdoctor.rule/1", "id": rule.id, "kind": rule.kind, "category": rule.category,
                                      "severity": rule.severity, "title": rule.title, "doc": rule.doc,
                                      "fixes": rule.fixes, "references": rule.references,
                                      "facts": _facts_of(rule), "path": str(rule.path)}, indent=2) + "\n")
@@ -188,9 +208,9 @@ def _rules_show(rules: list[Rule], args: Namespace) -> int:
     else:
         from rich.markdown import Markdown
 
-        from ..render import make_console
+        from ..render import make_console, print_unpadded
 
-        make_console().print(Markdown(doc))
+        print_unpadded(make_console(), Markdown(doc))
     return EXIT_OK
 
 
@@ -221,7 +241,7 @@ def _rules_test(rules: list[Rule], args: Namespace) -> int:
     failed_cases = [r for r in cases if not r.ok]
     unsaid = [r for r in results if r.kind == "sentence" and not r.ok]
     if args.format == "json":
-        sys.stdout.write(json.dumps({"rules": tested, "cases": len(cases), "failed": [
+        sys.stdout.write(json.dumps({"schema": "mpdoctor.rules-test/1", "rules": tested, "cases": len(cases), "failed": [
             {"rule": r.rule, "case": f"{r.kind}[{r.index}]" if r.kind != "sentence" else "sentences",
              "message": r.message} for r in failed]}, indent=2) + "\n")
     else:

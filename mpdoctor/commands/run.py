@@ -8,7 +8,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from . import fail, load_rules_or_fail
+from . import env_help, fail, load_rules_or_fail
 
 DESCRIPTION = (
     "Run COMMAND with its terminal passed through untouched, watch torch/accelerate\n"
@@ -20,14 +20,23 @@ DESCRIPTION = (
     "  mpdoctor run --report report.json -- torchrun --nproc-per-node 2 train.py"
 )
 EPILOG = ("exit status:\n  the command's own (a signal S gives 128+S, as in a shell); 126/127 when it cannot\n"
-          "  be started; 2 when mpdoctor's own arguments or rules are wrong\n")
+          "  be started; 2 when mpdoctor's own arguments or rules are wrong;\n"
+          "  3 with --fail-on SEVERITY when the command exited 0 but mpdoctor found a problem\n"
+          "  of that severity or worse (a command that failed keeps its own status)\n")
+EPILOG += env_help("MPDOCTOR_WATCH_EVERY", "MPDOCTOR_SAVE_EVENTS", "MPDOCTOR_INSTRUMENT_FAIL",
+                   "MPDOCTOR_RULES_PATH", "MPDOCTOR_CACHE_DIR", "MPDOCTOR_NO_CACHE", "MPDOCTOR_DEBUG", "NO_COLOR")
+EXIT_FAIL_ON = 3
 
 
 def add_arguments(p: Any) -> None:
     from ..cli import add_output_options
 
     add_output_options(p)
-    p.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument("--report", metavar="FILE",
+                   help="also write the report to FILE, in --format (json when --format is terminal, "
+                        "markdown for a FILE ending in .md)")
+    p.add_argument("--fail-on", choices=("error", "warning"), default=None, metavar="{error,warning}",
+                   help="exit 3 when the command passed but mpdoctor found a problem of this severity or worse")
     p.add_argument("--no-probe", action="store_true", help="do not instrument the child, only read its output")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
@@ -47,11 +56,25 @@ def main(args: Namespace) -> int:
     try:
         result, records = run_command(cmd, instrument=not args.no_probe)
     except CommandNotRunnable as exc:
-        sys.stderr.write(f"mpdoctor run: {exc}\n")
+        try:
+            sys.stderr.write(f"mpdoctor run: {exc}\n")
+            sys.stderr.flush()
+        except (OSError, AttributeError):  # full, or closed (sys.stderr is None)
+            pass
         return exc.status
     report = diagnose(cmd, result, records, rules)
     _deliver(report, result, args)
-    return result.exit_code
+    return _exit_status(report, result.exit_code, getattr(args, "fail_on", None))
+
+
+def _exit_status(report: Any, code: int, fail_on: str | None) -> int:
+    """The command's own status; with --fail-on, 3 for a passed command mpdoctor finds broken."""
+    if code != 0 or not fail_on:
+        return code
+    worst = {"error": ("error",), "warning": ("error", "warning")}[fail_on]
+    if any(f.severity in worst and f.rule not in report.quiet_rules for f in report.findings):
+        return EXIT_FAIL_ON
+    return code
 
 
 def _deliver(report: Any, result: Any, args: Namespace) -> None:
@@ -59,15 +82,26 @@ def _deliver(report: Any, result: Any, args: Namespace) -> None:
 
     if args.report:
         try:
-            Path(args.report).write_text(render.to_json(report), encoding="utf-8")
+            fmt = args.format if args.format != "terminal" else (
+                "markdown" if args.report.lower().endswith((".md", ".markdown")) else "json")
+            Path(args.report).write_text(render.render_text(
+                report, fmt, heading=f"mpdoctor run (exit status {result.exit_code})",
+                anonymize=getattr(args, "anonymize", False), verbose=getattr(args, "verbose", False),
+                schema=render.SCHEMAS["run"], where="run",
+                environment=render.environment_light() if fmt == "markdown" else None), encoding="utf-8")
         except OSError as exc:
             sys.stderr.write(f"mpdoctor run: cannot write the report {args.report}: {exc}\n")
     if not report.worth_showing(result.exit_code) and args.format == "terminal":
         return
-    if result.signal_name:
-        sys.stderr.write(f"mpdoctor: the command was killed by {result.signal_name} "
-                         f"(exit status {result.exit_code})\n")
-    try:
-        render.emit(report, args.format, stderr=True, heading=f"mpdoctor run (exit status {result.exit_code})")
-    except BrokenPipeError:
+    if sys.stderr is None:  # started with it closed (2>&-): nowhere to say it
+        return
+    try:  # our stderr full or closed: the command's status still passes through
+        if result.signal_name:
+            sys.stderr.write(f"mpdoctor: the command was killed by {result.signal_name} "
+                             f"(exit status {result.exit_code})\n")
+        render.emit(report, args.format, stderr=True, heading=f"mpdoctor run (exit status {result.exit_code})",
+                    anonymize=getattr(args, "anonymize", False), verbose=getattr(args, "verbose", False),
+                    schema=render.SCHEMAS["run"], where="run",
+                    environment=render.environment_light() if args.format == "markdown" else None)
+    except OSError:  # EPIPE, ENOSPC (2>/dev/full), EIO
         pass

@@ -1,0 +1,435 @@
+"""Secrets out of everything mpdoctor writes: the one redaction module.
+
+Every face's output (terminal, json, markdown, `run --report`, snapshots) passes
+through here just before it leaves mpdoctor. What is cut, whatever the input:
+
+- tokens by their known shapes (Hugging Face `hf_`, GitHub `ghp_`/`gho_`/`ghs_`/
+  `ghu_`/`ghr_`/`github_pat_`, OpenAI/Anthropic `sk-`, Slack `xox?-`, AWS `AKIA`/`ASIA`,
+  Google `AIza`, GitLab `glpat-`, PyPI `pypi-`, npm `npm_`, JWTs `eyJ…`, `Bearer …`);
+- credentials in URLs (`https://user:pass@host`) and secret query parameters
+  (`?token=`, `&api_key=`, `&X-Amz-Signature=` …);
+- values named like secrets: `HF_TOKEN=…`, `password: …`, `"api_key": "…"`,
+  `--hub_token X` / `--hub-token=X` in command lines, and in configs (dicts and lists)
+  at any depth (`deepspeed_config.wandb.api_key`, `comet.api_key`).
+
+Patterns are not anchored on `\\b` (an `_` before a token must not hide it) and each
+is linear in its input (every repetition starts only where a word starts). Only the
+secret bytes become `<redacted>`; everything around them, line numbers included, stays.
+
+`--anonymize` (every face) also replaces the home directory with `~` and the user and
+host names with `<user>` / `<host>`.
+
+Cheap to import: `re` and `os` only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable
+
+REDACTED = "<redacted>"
+USER = "<user>"
+HOST = "<host>"
+MARKERS = (REDACTED, USER, HOST)
+
+# --- names -------------------------------------------------------------------------
+
+# a word of a name that makes the whole name secret (HF_HUB_PASS, wandb_api_key, hubToken)
+_SECRET_WORDS = frozenset({
+    "token", "secret", "secrets", "password", "passwd", "pass", "pwd", "passphrase", "auth",
+    "authorization", "credential", "credentials", "apikey", "key", "privatekey", "accesskey",
+    "secretkey", "cookie", "signature", "sig", "sas", "bearer", "jwt", "otp", "pat",
+})
+# whole names that look secret but hold none
+_NOT_SECRET = frozenset({"pytorch_kernel_cache_path", "keyboard", "xauthority", "token_type_ids",
+                         "key_dtype", "sort_key", "primary_key"})
+_SECRET_PREFIX = ("aws_", "azure_", "google_application_credentials")
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _words(name: str) -> list[str]:
+    return [w.lower() for w in _WORD_SPLIT.split(name) if w]
+
+
+# a tokenizer's special tokens are text, not credentials (tokenizer.pad_token = ...)
+_TOKENIZER_WORDS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "added", "start",
+                              "end", "next", "image", "audio", "chat", "default", "max", "num"})
+
+
+def _tokenizer_token(words: list[str]) -> bool:
+    return len(words) >= 2 and words[-1] == "token" and words[-2] in _TOKENIZER_WORDS
+
+
+_STRONG_WORDS = frozenset({"secret", "secrets", "password", "passwd", "passphrase", "apikey", "credential",
+                           "credentials", "privatekey", "accesskey", "secretkey"})
+_STRONG_PAIRS = ("api_key", "access_key", "secret_key", "private_key", "client_secret", "session_token",
+                 "auth_token", "access_token", "refresh_token", "api_token", "bearer_token")
+_STANDALONE = frozenset({"token", "secret", "password", "passwd", "passphrase", "apikey", "credential",
+                         "credentials", "authorization", "auth"})
+
+
+def _secret_words(words: list[str], *, standalone: frozenset | set) -> bool:
+    if not words or _tokenizer_token(words):
+        return False
+    if len(words) == 1:
+        return words[0] in standalone
+    joined = "_".join(words)
+    return (words[-1] in _SECRET_WORDS or any(w in _STRONG_WORDS for w in words)
+            or any(p in joined for p in _STRONG_PAIRS))
+
+
+def is_secret_name(name: str) -> bool:
+    """A config key, environment variable, query parameter or CLI flag whose value is a
+    secret: its last word is token/secret/password/pass/key/auth/credential/signature...
+    or it holds a strong one anywhere (`HF_TOKEN`, `HF_HUB_PASS`, `wandb_api_key`,
+    `--hub-token`, `apiKey`, `AWS_SECRET_ACCESS_KEY`, `password_hash`), but not
+    `TOKENIZERS_PARALLELISM`, `max_tokens`, `token_type_ids`, `pad_token`,
+    `--calculate_per_token_loss`."""
+    bare = name.strip().lstrip("-").strip("\"'")
+    low = bare.lower()
+    if not low or low in _NOT_SECRET:
+        return False
+    if low.startswith(_SECRET_PREFIX):
+        return True
+    return _secret_words(_words(bare), standalone=_SECRET_WORDS - {"pwd", "pat", "otp", "sas", "sig"})
+
+
+def _is_secret_name_in_text(name: str) -> bool:
+    """Stricter, for `name=value` inside free text (log lines): a bare `key:` / `pass:` /
+    `sig=` is too common in logs to mean a secret; they count when joined to another
+    word (`api_key`, `HF_HUB_PASS`)."""
+    low = name.lower().lstrip("-")
+    if low in _NOT_SECRET:
+        return False
+    return _secret_words(_words(name.lstrip("-")), standalone=_STANDALONE)
+
+
+# --- text ----------------------------------------------------------------------------
+
+_NB = r"(?<![A-Za-z0-9])"  # not glued to a letter or digit before; `_`, `/`, `-` are fine
+_TOKEN_SHAPES = re.compile(
+    "|".join([
+        _NB + r"hf_[A-Za-z0-9]{16,}",
+        _NB + r"api_org_[A-Za-z0-9]{16,}",
+        _NB + r"gh[pousr]_[A-Za-z0-9]{16,}",
+        _NB + r"github_pat_[A-Za-z0-9_]{20,}",
+        _NB + r"sk-(?:proj-|ant-|live-|test-)?[A-Za-z0-9_-]{16,}",
+        _NB + r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}",
+        _NB + r"xox[abposr]-[A-Za-z0-9-]{10,}",
+        _NB + r"xapp-[A-Za-z0-9-]{10,}",
+        r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}",
+        _NB + r"AIza[0-9A-Za-z_-]{30,}",
+        _NB + r"glpat-[0-9A-Za-z_-]{16,}",
+        _NB + r"pypi-[A-Za-z0-9_-]{32,}",
+        _NB + r"npm_[A-Za-z0-9]{30,}",
+        _NB + r"eyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*",
+        _NB + r"(?:r8|gsk|hf_oauth)_[A-Za-z0-9]{24,}",
+        r"(?<=hooks\.slack\.com/services/)[A-Za-z0-9/]{16,}",
+        r"(?<=discord\.com/api/webhooks/)[0-9]+/[A-Za-z0-9_-]{20,}",
+    ])
+)
+_BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])(?P<scheme>bearer|basic|token)(?P<sp>\s+)(?P<val>[A-Za-z0-9._~+/=-]{12,})")
+_WANDB_LOGIN = re.compile(r"(?i)(?P<pre>wandb\s+login\s+(?:--relogin\s+)?)(?P<val>[0-9a-f]{40})(?![0-9a-f])")
+# scheme://CRED@ ; CRED runs to the last @ before the path
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<cred>[^/\s?#\"'<>@]+(?:@[^/\s?#\"'<>@]+)*)@")
+_QUERY = re.compile(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.\[\]-]{1,64})=)(?P<val>[^&#\s\"'<>]+)")
+# name = value / name: value / "name": "value" / name='value' (a word start only: linear).
+# Only the head (name and separator) is matched; the value is read after it, so that a
+# plain `code: /x/run_HF_TOKEN=...` does not swallow the secret assignment inside it.
+_ASSIGN_HEAD = re.compile(
+    r"(?<![A-Za-z0-9_.$-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,80})(?P<q1>[\"']?)(?P<sep>[ \t]{0,3}(?:=>|[:=])[ \t]{0,3})"
+)
+# --flag value / --flag=value / -flag value inside a line
+_FLAG_HEAD = re.compile(r"(?<![A-Za-z0-9-])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]{0,80})(?P<sep>=|[ \t]+)")
+_VALUE_QUOTED = re.compile(r"([\"'])([^\"'\n]*)\1")
+_VALUE_BARE = re.compile(r"[^\s\"',;&)}\]>]+")
+_VALUE_ARG = re.compile(r"[^\s\"',;)\]}>-][^\s\"',;)\]}>]*")
+_HARMLESS_VALUES = frozenset({"none", "null", "true", "false", "", "0", "1", "yes", "no", "bearer", "basic",
+                              "<redacted>", "***", "[redacted]"})
+
+
+def _keep_value(value: str) -> bool:
+    v = value.strip().lower()
+    return v in _HARMLESS_VALUES or v.startswith("<redacted") or v.startswith("$") or v.startswith("${")
+
+
+def _metavar(name: str, value: str) -> bool:
+    """`--aws_secret_access_key AWS_SECRET_ACCESS_KEY` in a usage message: a placeholder."""
+    norm = name.lstrip("-").replace("-", "_").upper()
+    return value.replace("-", "_").upper() == norm and value.isupper()
+
+
+def _redact_named(text: str, head: re.Pattern, is_secret: Callable[[str], bool], bare: re.Pattern) -> str:
+    out: list[str] = []
+    pos = 0
+    for m in head.finditer(text):
+        if m.start() < pos or not is_secret(m.group("name")):
+            continue
+        q = _VALUE_QUOTED.match(text, m.end())
+        if q:
+            span, value = (q.start(2), q.end(2)), q.group(2)
+        else:
+            v = bare.match(text, m.end())
+            if v is None:
+                continue
+            span, value = v.span(), v.group()
+        if _keep_value(value) or _metavar(m.group("name"), value):
+            continue
+        out.append(text[pos:span[0]])
+        out.append(REDACTED)
+        pos = span[1]
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _sub_query(m: re.Match) -> str:
+    name = m.group("name")
+    if not (is_secret_name(name) or _secret_words(_words(name), standalone=_SECRET_WORDS)) \
+            or _keep_value(m.group("val")):
+        return m.group(0)
+    return m.group("pre") + REDACTED
+
+
+_PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----)[^-]{0,20000}(-----END )")
+
+
+def redact_text(text: str) -> str:
+    """`text` with every secret-shaped value replaced by `<redacted>`; the rest (line
+    breaks, positions of other words) unchanged."""
+    if not text or not isinstance(text, str):
+        return text
+    if "PRIVATE KEY" in text:
+        text = _PRIVATE_KEY.sub(lambda m: m.group(1) + REDACTED + m.group(2), text)
+    text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
+    text = _QUERY.sub(_sub_query, text)
+    text = _TOKEN_SHAPES.sub(REDACTED, text)
+    text = _BEARER.sub(lambda m: m.group("scheme") + m.group("sp") + REDACTED, text)
+    text = _WANDB_LOGIN.sub(lambda m: m.group("pre") + REDACTED, text)
+    text = _redact_named(text, _FLAG_HEAD, _is_secret_name_in_text, _VALUE_ARG)
+    text = _redact_named(text, _ASSIGN_HEAD, _is_secret_name_in_text, _VALUE_BARE)
+    return text
+
+
+# --- structures ----------------------------------------------------------------------
+
+_FLAG_NAME = re.compile(r"--?[A-Za-z][A-Za-z0-9_.-]{0,80}")
+
+
+def redact_argv(argv: list[Any]) -> list[Any]:
+    """A command line with the values of secret-named flags cut: `--hub_token X`,
+    `--hub-token=X`, and every token shape in any argument."""
+    out: list[Any] = []
+    hide_next = False
+    for arg in argv:
+        if not isinstance(arg, str):
+            out.append(arg)
+            hide_next = False
+            continue
+        if hide_next and not arg.startswith("-") and not _keep_value(arg):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        name, eq, value = arg.partition("=")
+        if _FLAG_NAME.fullmatch(name) and is_secret_name(name):
+            if eq:
+                out.append(name + "=" + (value if _keep_value(value) or _metavar(name, value) else REDACTED))
+                continue
+            hide_next = True
+        out.append(redact_text(arg))
+    return out
+
+
+def _secret_value(value: Any) -> Any:
+    """What a value under a secret name becomes: scalars cut, containers walked with
+    every scalar cut."""
+    if isinstance(value, dict):
+        return {k: _secret_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_secret_value(v) for v in value]
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _keep_value(value):
+        return value
+    return REDACTED
+
+
+def redact_obj(obj: Any, *, by_name: bool = True) -> Any:
+    """A copy of a JSON-like structure with secrets cut at any depth: every string
+    through `redact_text`, every value under a secret-named key cut whole (when
+    `by_name`), lists of strings read as command lines (`--hub_token X`)."""
+    if isinstance(obj, str):
+        return redact_text(obj)
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if by_name and isinstance(k, str) and is_secret_name(k):
+                out[k] = _secret_value(v)
+            else:
+                out[k] = redact_obj(v, by_name=by_name)
+        return out
+    if isinstance(obj, (list, tuple)):
+        if obj and all(isinstance(a, str) for a in obj) and any(a.startswith("-") for a in obj):
+            return redact_argv(list(obj))
+        return [redact_obj(v, by_name=by_name) for v in obj]
+    return obj
+
+
+# environment names run words together (HUBTOKEN, MYAPIKEY): parts of words count there
+_ENV_SECRET = re.compile(r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|"
+                         r"AUTH(?!OR)|_PASS$|_PWD$|SESSION_?KEY|WEBHOOK")
+
+
+def is_secret_env_name(name: str) -> bool:
+    upper = name.upper()
+    if upper.lower() in _NOT_SECRET:
+        return False
+    return is_secret_name(name) or bool(_ENV_SECRET.search(upper))
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment variables: a secret-named one keeps its name and loses its value."""
+    return {k: (REDACTED if is_secret_env_name(k) and v else redact_text(v)) for k, v in env.items()}
+
+
+def redact_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot with secrets cut everywhere: strings, secret-named keys at any depth
+    of the accelerate/DeepSpeed config, the `env` section's secret-named variables."""
+    out = redact_obj(snapshot)
+    if isinstance(out.get("env"), dict):
+        out["env"] = redact_env(out["env"])
+    return out
+
+
+# --- anonymize -----------------------------------------------------------------------
+
+# user names too common as words to replace outside paths (the home dir still goes)
+_COMMON_NAMES = frozenset({"root", "user", "admin", "ubuntu", "runner", "jovyan", "localhost", "docker",
+                           "test", "users", "home", "data", "vm"})
+
+
+def _default_user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers): nothing to hide by name
+        return ""
+
+
+def _default_host() -> str:
+    try:
+        import socket
+
+        return socket.gethostname()
+    except Exception:
+        return ""
+
+
+_OTHER_HOMES = re.compile(r"(?P<pre>(?<![A-Za-z0-9_.-])(?:/home/|/Users/|/export/home/|[A-Za-z]:\\Users\\|[A-Za-z]:/Users/))"
+                          r"(?!<user>)[^/\\\s\"'<>:]{1,64}(?=[/\\\s\"'<>:]|$)")
+
+
+def anonymizer(home: str | None = None, user: str | None = None,
+               host: str | None = None) -> Callable[[str], str]:
+    """A function hiding the home directory (`~`), the user name (`<user>`) and the host
+    name (`<host>`) in a string."""
+    home = home if home is not None else os.path.expanduser("~")
+    user = user if user is not None else _default_user()
+    host = host if host is not None else _default_host()
+    home = (home or "").rstrip("/\\")
+    pairs: list[tuple[re.Pattern, str]] = []
+    names = []
+    if host and host.lower() not in _COMMON_NAMES and len(host) >= 3:
+        names.append((host, HOST))
+        short = host.split(".")[0]
+        if short != host and len(short) >= 3 and short.lower() not in _COMMON_NAMES:
+            names.append((short, HOST))
+    if user and len(user) >= 2 and user.lower() not in _COMMON_NAMES:
+        names.append((user, USER))
+    for name, marker in names:
+        pairs.append((re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])"), marker))
+    # the home dir only as a whole path component (/home/ana, not /home/anastasia)
+    home_rx = re.compile(re.escape(home) + r"(?![A-Za-z0-9_.-])") if home and len(home) > 1 else None
+    user_dir = (re.compile(r"(?<=[/\\])" + re.escape(user) + r"(?=[/\\]|$)")
+                if user and len(user) >= 2 else None)
+
+    def anonymize(text: str) -> str:
+        if not isinstance(text, str) or not text:
+            return text
+        if home_rx is not None:
+            text = home_rx.sub("~", text)
+        # any other user's home, as a snapshot from another machine carries it
+        text = _OTHER_HOMES.sub(lambda m: m.group("pre") + USER, text)
+        if user_dir is not None:  # /home/root/..., C:\Users\ana\...
+            text = user_dir.sub(USER, text)
+        for rx, marker in pairs:
+            text = rx.sub(marker, text)
+        return text
+
+    return anonymize
+
+
+def _walk(obj: Any, fn: Callable[[str], str]) -> Any:
+    if isinstance(obj, str):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _walk(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_walk(v, fn) for v in obj]
+    return obj
+
+
+def anonymize_obj(obj: Any, fn: Callable[[str], str] | None = None) -> Any:
+    return _walk(obj, fn or anonymizer())
+
+
+def anonymize_snapshot(snapshot: dict[str, Any], home: str | None = None, user: str | None = None,
+                       host: str | None = None) -> dict[str, Any]:
+    out = _walk(snapshot, anonymizer(home, user, host))
+    out["anonymized"] = True
+    return out
+
+
+class Scrubber:
+    """What every output goes through: secrets always, home/user/host with anonymize."""
+
+    def __init__(self, anonymize: bool = False):
+        self.anonymize = anonymize
+        self._anon = anonymizer() if anonymize else None
+
+    def text(self, text: str) -> str:
+        text = redact_text(text)
+        return self._anon(text) if self._anon is not None and isinstance(text, str) else text
+
+    def obj(self, obj: Any, *, by_name: bool = True) -> Any:
+        out = redact_obj(obj, by_name=by_name)
+        return _walk(out, self._anon) if self._anon is not None else out
+
+
+def scrub(text: str, anonymize: bool = False) -> str:
+    return Scrubber(anonymize).text(text)
+
+
+def markdown_safe(text: str) -> str:
+    """`<redacted>`, `<user>`, `<host>` stay visible in rendered markdown (GitHub drops
+    unknown HTML tags): escaped outside code fences and code spans."""
+    if "<" not in text:
+        return text
+    out = []
+    fence = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+            out.append(line)
+            continue
+        if fence or not any(m in line for m in MARKERS):
+            out.append(line)
+            continue
+        parts = line.split("`")
+        for i in range(0, len(parts), 2):  # even parts are outside code spans
+            for m in MARKERS:
+                parts[i] = parts[i].replace(m, "\\" + m[:-1] + "\\>")
+        out.append("`".join(parts))
+    return "\n".join(out)

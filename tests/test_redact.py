@@ -1,0 +1,314 @@
+"""No secret in any output: every shape of secret, planted anywhere mpdoctor reads
+(a log line, a config value at any depth, an environment variable, a command argument),
+never appears in any output format (terminal, oneline, json, markdown, a `run --report`
+file, a snapshot). The one redaction module is mpdoctor/redact.py."""
+
+from __future__ import annotations
+
+import json
+import string
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mpdoctor import cli
+from mpdoctor.findings import Evidence, Finding, Report
+from mpdoctor.redact import (REDACTED, anonymize_snapshot, anonymizer, is_secret_name, markdown_safe, redact_argv,
+                             redact_obj, redact_snapshot, redact_text)
+from mpdoctor.render import render_text
+from tests.rulekit import private_cache  # noqa: F401 (autouse fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT = ROOT / "fixtures" / "snapshots" / "t4-old-driver-fp16.json"
+ALNUM = string.ascii_letters + string.digits
+B64URL = ALNUM + "_-"
+HEX = "0123456789abcdef"
+FORMATS = ("terminal", "oneline", "json", "markdown")
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                         HealthCheck.too_slow])
+
+
+def chars(alphabet: str, n: int) -> st.SearchStrategy[str]:
+    return st.text(alphabet=alphabet, min_size=n, max_size=n)
+
+
+# every token shape: (name, strategy of the whole secret)
+SHAPES = {
+    "huggingface": chars(ALNUM, 34).map(lambda x: "hf_" + x),
+    "github-classic": st.tuples(st.sampled_from("pousr"), chars(ALNUM, 36)).map(lambda t: f"gh{t[0]}_{t[1]}"),
+    "github-fine-grained": st.tuples(chars(ALNUM, 22), chars(ALNUM, 59)).map(lambda t: f"github_pat_{t[0]}_{t[1]}"),
+    "openai": chars(ALNUM, 48).map(lambda x: "sk-" + x),
+    "openai-project": chars(B64URL, 64).map(lambda x: "sk-proj-" + x),
+    "slack": st.tuples(st.sampled_from("bpa"), chars(string.digits, 12), chars(ALNUM, 24)).map(
+        lambda t: f"xox{t[0]}-{t[1]}-{t[2]}"),
+    "aws": chars(string.ascii_uppercase + string.digits, 16).map(lambda x: "AKIA" + x),
+    "google": chars(B64URL, 35).map(lambda x: "AIza" + x),
+    "gitlab": chars(B64URL, 20).map(lambda x: "glpat-" + x),
+    "jwt": st.tuples(chars(B64URL, 20), chars(B64URL, 40), chars(B64URL, 43)).map(
+        lambda t: f"eyJ{t[0]}.eyJ{t[1]}.{t[2]}"),
+}
+# a random value that cannot occur in mpdoctor's own text by chance
+VALUE = chars(ALNUM, 20).map(lambda x: "Q7" + x)
+SECRET_NAMES = ["hub_token", "HF_TOKEN", "HF_HUB_PASS", "api_key", "WANDB_API_KEY", "password", "db_password",
+                "client_secret", "auth_token", "secret_key", "passwd", "apiKey", "hubToken", "access_token"]
+# how a named secret is written in a line of text: (form, value) -> text
+NAMED_FORMS = [
+    lambda n, v: f"{n}={v}", lambda n, v: f"{n}: {v}", lambda n, v: f'"{n}": "{v}"', lambda n, v: f"{n}='{v}'",
+    lambda n, v: f"--{n} {v}", lambda n, v: f"--{n.replace('_', '-')}={v}", lambda n, v: f"export {n}={v}",
+]
+# what may sit right before a token: anything but a letter or digit (`_` included)
+JOINERS = ["", " ", "_", "/", "=", "'", '"', "(", ":", "-", "\t", "x_"]
+
+
+@st.composite
+def planted_secret(draw) -> tuple[str, str]:
+    """(the text to plant, the secret bytes that must never come out)."""
+    kind = draw(st.sampled_from(["shape", "named", "url", "query", "bearer", "wandb"]))
+    if kind == "shape":
+        secret = draw(st.sampled_from(sorted(SHAPES)).flatmap(lambda k: SHAPES[k]))
+        before, after = draw(st.sampled_from(JOINERS)), draw(st.sampled_from(JOINERS + ["_x", ".", ","]))
+        return before + secret + after, secret
+    value = draw(VALUE)
+    if kind == "named":
+        name = draw(st.sampled_from(SECRET_NAMES))
+        return draw(st.sampled_from(NAMED_FORMS))(name, value), value
+    if kind == "url":
+        return f"https://user:{value}@huggingface.co/org/model.git", value
+    if kind == "query":
+        param = draw(st.sampled_from(["token", "access_token", "api_key", "key", "password", "sig", "X-Amz-Signature"]))
+        return f"https://example.com/file.bin?a=1&{param}={value}&b=2", value
+    if kind == "bearer":
+        return f"Authorization: Bearer {value}", value
+    hexkey = draw(chars(HEX, 40))
+    return f"WANDB_API_KEY={hexkey}", hexkey
+
+
+def run_cli(args, capsys):
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+# --- the property over every face ---------------------------------------------------------
+
+@PROPERTY
+@given(planted=planted_secret(), where=st.sampled_from(["message", "path", "unrecognised"]),
+       fmt=st.sampled_from(FORMATS), extra=st.sampled_from([[], ["--anonymize"], ["-v"]]))
+def test_no_secret_from_a_log_reaches_any_explain_output(tmp_path, capsys, planted, where, fmt, extra):
+    text, secret = planted
+    lines = ["epoch 1 step 3 loss 2.1", "Traceback (most recent call last):",
+             f'  File "/home/ana/proj/train.py", line 9, in <module>']
+    if where == "message":
+        lines.append(f"ValueError: fp16 mixed precision requires a GPU {text}")
+    elif where == "path":
+        lines[2] = f'  File "/home/ana/run_{text}/train.py", line 9, in <module>'
+        lines.append("ValueError: fp16 mixed precision requires a GPU")
+    else:
+        lines.append(f"KeyError: 'label {text}'")
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _, out = run_cli(["explain", log, "--format", fmt, *extra], capsys)
+    assert secret not in out, (fmt, extra, text)
+
+
+def test_the_planted_line_is_still_shown_with_the_secret_cut(tmp_path, capsys):
+    """The property above is not vacuous: the line carrying the secret is in the output,
+    the same line number, only the secret bytes replaced."""
+    log = tmp_path / "train.log"
+    token = "hf_" + "a1B2" * 9
+    log.write_text("Traceback (most recent call last):\n  File \"/w/t.py\", line 1, in <module>\n"
+                   f"ValueError: fp16 mixed precision requires a GPU (auth {token}, --hub_token s3cr3tVALUE)\n")
+    _, out = run_cli(["explain", log, "--format", "json"], capsys)
+    data = json.loads(out)
+    ev = next(e for f in data["findings"] for e in f["evidence"] if "fp16 mixed precision" in e["text"])
+    assert ev["line"] == 3
+    assert ev["text"] == f"ValueError: fp16 mixed precision requires a GPU (auth {REDACTED}, --hub_token {REDACTED})"
+    _, out = run_cli(["explain", log, "--format", "markdown"], capsys)
+    assert token not in out and "s3cr3tVALUE" not in out and "--hub_token <redacted>" in out
+
+
+@st.composite
+def nested_config(draw) -> tuple[dict, str]:
+    """A config with a secret-named key at a random depth, under random plain keys and
+    lists (`deepspeed_config.wandb.api_key`, `comet: [{api_key: ...}]`)."""
+    value = draw(VALUE)
+    node: object = {draw(st.sampled_from(SECRET_NAMES)): value, "enabled": True}
+    for _ in range(draw(st.integers(0, 4))):
+        key = draw(st.sampled_from(["deepspeed_config", "wandb", "comet", "logging", "extra", "tracker", "fsdp_config"]))
+        node = {key: [node]} if draw(st.booleans()) else {key: node}
+    return node, value
+
+
+@PROPERTY
+@given(config=nested_config(), planted=planted_secret(), env_name=st.sampled_from(SECRET_NAMES),
+       fmt=st.sampled_from(FORMATS))
+def test_no_secret_in_a_snapshot_reaches_check_output(tmp_path, capsys, config, planted, env_name, fmt):
+    """A snapshot (from collect, or hand-made) with secrets in its config at any depth,
+    its env section and a path: check prints none of them, in any format."""
+    conf, conf_secret = config
+    text, secret = planted
+    snap = json.loads(SNAPSHOT.read_text())
+    snap["accelerate_config"]["config"].update(conf)
+    snap["accelerate_config"]["path"] = f"/home/ana/cfg_{text}/default_config.yaml"
+    env_value = "Z9" + secret[::-1]
+    snap["env"] = {env_name.upper(): env_value}
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(snap))
+    _, out = run_cli(["check", "--snapshot", path, "--format", fmt], capsys)
+    for s in (conf_secret, secret, env_value):
+        assert s not in out, (fmt, s)
+    # and the snapshot itself, as collect writes it
+    dumped = json.dumps(redact_snapshot(snap))
+    for s in (conf_secret, secret, env_value):
+        assert s not in dumped
+
+
+@PROPERTY
+@given(planted=planted_secret(), flag=st.sampled_from(["--hub_token", "--hub-token", "--api_key", "--password",
+                                                       "--wandb-api-key", "--auth-token"]),
+       value=VALUE, fmt=st.sampled_from(FORMATS), anonymize=st.booleans())
+def test_no_secret_in_a_command_line_reaches_a_run_report(planted, flag, value, fmt, anonymize):
+    """What `run` writes (terminal on stderr, --report FILE in any --format): the
+    command's arguments carry secrets as `--flag value`, `--flag=value`, and shapes."""
+    text, secret = planted
+    cmd = ["python", "train.py", flag, value, f"{flag}={value}", "--note", text, "--lr", "3e-4"]
+    finding = Finding(rule="cuda-oom", category="out-of-memory", severity="error", title=f"OOM in {' '.join(cmd)}",
+                      explanation=f"The command {' '.join(cmd)} failed.", fixes=[f"Rerun `{' '.join(cmd)}`."],
+                      evidence=[Evidence(text=" ".join(cmd), line=1)], facts={"command": " ".join(cmd)})
+    report = Report(findings=[finding], extra={"exit_code": 1, "command": cmd}, input={"command": " ".join(cmd)})
+    out = render_text(report, fmt, heading="mpdoctor run (exit status 1)", anonymize=anonymize,
+                      schema="mpdoctor.run/1", where="run")
+    assert value not in out and secret not in out
+
+
+@pytest.mark.slow
+def test_run_report_file_and_stderr_carry_no_hub_token(tmp_path):
+    """The repro: `run --report` wrote a `--hub_token X` argument twice."""
+    import subprocess
+
+    token = "hf_" + "Zx9" * 12
+    script = tmp_path / "t.py"
+    script.write_text("import sys\nraise ValueError('fp16 mixed precision requires a GPU')\n")
+    for fmt, name in (("json", "r.json"), ("markdown", "r.md"), ("oneline", "r.txt")):
+        report = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "mpdoctor", "run", "--no-probe", "--format", fmt, "--report",
+                               str(report), "--", sys.executable, str(script), "--hub_token", "plainSECRET42", token],
+                              capture_output=True, text=True, timeout=60)
+        body = report.read_text()
+        for out in (body, proc.stderr):
+            assert "plainSECRET42" not in out and token not in out
+        if fmt == "json":
+            data = json.loads(body)
+            assert data["schema"] == "mpdoctor.run/1"
+            assert data["command"][-3:] == ["--hub_token", REDACTED, REDACTED]
+        if fmt == "markdown":
+            assert body.startswith("## mpdoctor run") and "**Environment**" in body
+
+
+# --- the repros of the issue, one each ----------------------------------------------------
+
+def test_token_after_underscore_in_a_path_is_cut():
+    assert redact_text("/cache/models--org_hf_abcdefghijklmnopqrstuvwxyz0123/x") == \
+        f"/cache/models--org_{REDACTED}/x"
+    assert redact_text("run_ghp_abcdefghijklmnopqrstuvwxyz0123456789_final") == f"run_{REDACTED}_final"
+
+
+def test_secret_names_env_config_and_flags():
+    assert is_secret_name("HF_HUB_PASS") and is_secret_name("WANDB_API_KEY") and is_secret_name("--hub-token")
+    assert is_secret_name("apiKey") and is_secret_name("AWS_SESSION_TOKEN")
+    assert not is_secret_name("TOKENIZERS_PARALLELISM") and not is_secret_name("max_tokens")
+    assert not is_secret_name("mixed_precision") and not is_secret_name("KEYBOARD")
+
+
+def test_deepspeed_and_accelerate_config_secrets_at_any_depth():
+    cfg = {"deepspeed_config": {"wandb": {"enabled": True, "api_key": "k" * 40, "project": "p"},
+                                "comet": {"api_key": "c0metKEY", "workspace": "w"}},
+           "mixed_precision": "fp16", "hub": [{"token": "t0k"}]}
+    out = redact_obj(cfg)
+    assert out["deepspeed_config"]["wandb"] == {"enabled": True, "api_key": REDACTED, "project": "p"}
+    assert out["deepspeed_config"]["comet"] == {"api_key": REDACTED, "workspace": "w"}
+    assert out["mixed_precision"] == "fp16" and out["hub"] == [{"token": REDACTED}]
+
+
+def test_invalid_yaml_error_line_keeps_no_secret():
+    """An invalid YAML config put the offending line (with its secret) into the snapshot."""
+    snap = {"accelerate_config": {"error": {"type": "YAMLError", "message":
+            "while parsing a block mapping\n  in \"cfg.yaml\", line 3\n    hub_token: hf_abcdefghijklmnopqrstuvwxyz0123\n"
+            "    api_key: plainValue123 ]["}}, "env": {"HF_HUB_PASS": "pw1"}}
+    out = json.dumps(redact_snapshot(snap))
+    assert "hf_abc" not in out and "plainValue123" not in out and "pw1" not in out
+
+
+def test_argv_flags_and_harmless_values():
+    assert redact_argv(["accelerate", "launch", "--hub_token", "abc", "--hub-token=xyz", "--push_to_hub",
+                        "--use_auth_token", "--lr", "1e-4"]) == \
+        ["accelerate", "launch", "--hub_token", REDACTED, f"--hub-token={REDACTED}", "--push_to_hub",
+         "--use_auth_token", "--lr", "1e-4"]
+    assert redact_text("Namespace(hub_token=None, push=True)") == "Namespace(hub_token=None, push=True)"
+    assert redact_text("TOKENIZERS_PARALLELISM=false max_tokens=512") == "TOKENIZERS_PARALLELISM=false max_tokens=512"
+
+
+def test_url_credentials_and_query_parameters():
+    assert redact_text("git clone https://oauth2:p@ss@gitlab.com/a/b.git") == f"git clone https://{REDACTED}@gitlab.com/a/b.git"
+    assert redact_text("GET https://s3.aws/x?X-Amz-Signature=abcd1234&X-Amz-Date=1") == \
+        f"GET https://s3.aws/x?X-Amz-Signature={REDACTED}&X-Amz-Date=1"
+
+
+def test_anonymize_home_user_and_host():
+    anon = anonymizer(home="/home/ana", user="ana", host="gpu-node-17.cluster.local")
+    assert anon("/home/ana/proj/t.py on gpu-node-17 by ana") == "~/proj/t.py on <host> by <user>"
+    assert anon("/home/bob/x C:\\Users\\carol\\y") == "/home/<user>/x C:\\Users\\<user>\\y"
+    snap = anonymize_snapshot({"platform": {"executable": "/home/ana/venv/bin/python"}}, home="/home/ana", user="ana")
+    assert snap["platform"]["executable"] == "~/venv/bin/python" and snap["anonymized"] is True
+
+
+def test_markdown_keeps_the_markers_visible():
+    md = "It ran at <redacted> for <user>.\n```text\nline 1: <redacted>\n```\n`<user>`"
+    assert markdown_safe(md) == "It ran at \\<redacted\\> for \\<user\\>.\n```text\nline 1: <redacted>\n```\n`<user>`"
+
+
+def test_check_markdown_anonymize_hides_the_home_directory(capsys):
+    _, plain = run_cli(["check", "--snapshot", SNAPSHOT, "--format", "markdown"], capsys)
+    assert "/home/ana" in plain  # what it hid before
+    for fmt in FORMATS:
+        _, out = run_cli(["check", "--snapshot", SNAPSHOT, "--format", fmt, "--anonymize"], capsys)
+        assert "/home/ana" not in out, fmt
+        if fmt != "oneline":
+            assert "/home/<user>" in out.replace("\\<user\\>", "<user>"), fmt
+
+
+def test_redaction_is_linear_on_long_hostile_lines():
+    import time
+
+    for ch in ("a", "_", "-", "=", ":", "@", "/", "`", " ", "hf_", "https://", "--token "):
+        t0 = time.perf_counter()
+        redact_text(ch * 20000)
+        assert time.perf_counter() - t0 < 1.0, ch
+
+
+def test_private_key_blocks_webhooks_and_more_token_shapes():
+    pem = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\nAAAAdGVzdA==\n-----END OPENSSH PRIVATE KEY-----"
+    assert redact_text(f"key file:\n{pem}\n") == \
+        f"key file:\n-----BEGIN OPENSSH PRIVATE KEY-----{REDACTED}-----END OPENSSH PRIVATE KEY-----\n"
+    assert "XXXXXXXXXXXXXXXXXXXXXXXX" not in redact_text("https://hooks.slack.com/services/T00/B00/XXXXXXXXXXXXXXXXXXXXXXXX")
+    for token in ("sk-ant-api03-" + "a" * 40, "api_org_" + "b" * 30, "xoxp-1234-5678-abcdefabcdef", "glpat-" + "c" * 20):
+        assert redact_text(f"use={token};") in (f"use={REDACTED};",), token
+
+
+def test_no_false_alarm_on_the_rule_base_and_the_real_logs():
+    """Redaction must not eat what mpdoctor says or the logs' ordinary lines
+    (`tokenizer.pad_token = tokenizer.eos_token`, `$PWD:/workspace`, usage metavars)."""
+    from mpdoctor.rulebase import load
+
+    for rule in load([]):
+        for text in [rule.title, *rule.fixes, *rule.references]:
+            assert redact_text(text) == text, (rule.id, text)
+    changed = []
+    for path in sorted((ROOT / "fixtures" / "logs").rglob("*.log")):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if redact_text(line) != line:
+                changed.append((path.name, line))
+    assert changed == []

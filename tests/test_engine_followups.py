@@ -50,6 +50,7 @@ def test_a_title_without_its_facts_drops_the_unfinished_clause(tmp_path):
     ("NaN loss — from step {step}", "NaN loss"),
     ("Loss scale collapsed, last seen {scale}", "Loss scale collapsed"),
     ("{gpu} cannot do bf16", "… cannot do bf16"),
+    ("launch filled in defaults (mixed precision: {mp})", "launch filled in defaults"),  # no bracket left open
 ])
 def test_fallback_title_forms(title, expected):
     from mpdoctor.engine.assemble import fallback_title

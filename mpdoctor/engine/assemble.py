@@ -57,7 +57,9 @@ def assemble(rule: Rule, facts: dict[str, Any], evidence: Iterable[Evidence] = (
 
 
 # Where a clause starts: an open bracket, a colon, a dash, a comma, a sentence end.
-_CLAUSE = re.compile(r"\s*(?:[(\[:;,\u2014\u2013]|\s-\s|\.\s)")
+# (the spaces before it are found with rstrip: a leading \s* would make finditer quadratic
+# on a run of spaces)
+_CLAUSE = re.compile(r"[(\[:;,\u2014\u2013]|\s-\s|\.\s")
 _DANGLING = " \t([{:;,.-\u2014\u2013"
 
 
@@ -71,10 +73,15 @@ def fallback_title(title: str) -> str:
     cut = head
     last = None
     for m in _CLAUSE.finditer(head):
-        if m.start() > 0:
-            last = m
+        start = len(head[:m.start()].rstrip())
+        if start > 0:
+            last = start
     if last is not None:
-        cut = head[:last.start()]
+        cut = head[:last]
+    # never leave a bracket open: "defaults (mixed precision" -> "defaults"
+    for opener, closer in ("()", "[]"):
+        while cut.count(opener) > cut.count(closer):
+            cut = cut[:cut.rindex(opener)]
     cut = cut.rstrip(_DANGLING)
     # nothing before the first fact: the title with its holes marked
     return cut or re.sub(r"\{[^{}]*\}", "…", title).strip()

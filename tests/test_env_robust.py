@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -585,3 +586,20 @@ def test_the_pythons_libraries_survive_a_torch_that_crashes_it(torchless_python,
     assert snap["torch"]["error"]["message"] == "the Python process examining torch was killed by SIGSEGV"
     assert snap["platform"]["executable"] == torchless_python
     assert snap["packages"]["versions"] == {}
+
+
+def test_sigterm_to_collect_leaves_no_torch_child_behind(tmp_path):
+    """The torch child runs in a session of its own; a SIGTERM to mpdoctor must not
+    orphan it (nor what it started), and mpdoctor still dies of the signal."""
+    pid_file = tmp_path / "helper.pid"
+    path = fast_broken_torch(tmp_path, HELPER_THEN.format(after="import time; time.sleep(60)"))
+    env = dict(os.environ, PYTHONPATH=path, MPDOCTOR_TORCH_TIMEOUT="60", HELPER_PID_FILE=str(pid_file))
+    proc = subprocess.Popen(MPDOCTOR + ["collect"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the fake torch never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=20)
+    assert proc.returncode == -signal.SIGTERM
+    assert wait_gone(int(pid_file.read_text())), "SIGTERM to collect left the torch child's helper running"

@@ -205,7 +205,32 @@ def start(python: str, script: str, args: list[str], timeout: float,
                                                           "message": f"cannot run {python}: {message}"})
     child = Child(proc, started, timeout, (out, err))
     _LIVE.add(child)
+    _reap_on_signals()
     return child
+
+
+def _reap_on_signals() -> None:
+    """SIGTERM/SIGHUP to mpdoctor would end it without atexit, and the children run in
+    sessions of their own: kill their groups first, then die of the signal as before.
+    Only where nobody set a handler (the run wrapper forwards signals its own way)."""
+    if os.name != "posix":
+        return
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        _reap_all()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass
 
 
 @atexit.register

@@ -252,3 +252,22 @@ def test_wide_characters_count_as_two_columns(capsys, monkeypatch):
     evidence = out.split("Evidence\n", 1)[1].split("  Fix", 1)[0]
     assert "训练模型的时候出现这个报错" in evidence
     assert all(cells(line) <= 80 for line in evidence.split("\n")), evidence
+
+
+def test_a_collapsing_loss_scale_is_drawn_from_the_recorded_run():
+    """The run rule's facts carry the scale over the steps; the terminal and the markdown
+    draw it (from a recorded run, through the same judging as `mpdoctor run`)."""
+    from mpdoctor import rulebase
+    from mpdoctor.findings import Report
+    from mpdoctor.render import render_text
+
+    rules = rulebase.load()
+    rule = next(r for r in rules if r.id == "scaler-collapsed")
+    example = next(e for e in rule.examples if "fp16-scaler-collapse" in str(getattr(e, "events", "") or e))
+    got = rulebase.case_runners()["run"](rule, example, rules)
+    findings = [f for f in (got if isinstance(got, list) else got.findings) if f.rule == "scaler-collapsed"]
+    assert findings
+    report = Report(findings=findings)
+    for fmt in ("terminal", "markdown"):
+        text = render_text(report, fmt)
+        assert "scale series" in text and any(ch in text for ch in "▁▂▃▄▅▆▇█"), text

@@ -193,11 +193,15 @@ def _scaler(v: RunView) -> tuple[Process, dict[str, Any], dict[str, Any]] | None
     facts = {"skipped": len(skipped), "updates": updates, "initial_scale": _num(sc.get("initial_scale")),
              "final_scale": _num(final), "longest_skip_run": best, "first_skipped_step": skipped[0],
              "skipped_list": shown, "_collapsed": "yes" if (final is not None and final < 1.0) or best >= 10 else None}
+    series = [float(x[1]) for x in (sc.get("scales") or []) if isinstance(x, (list, tuple)) and len(x) == 2
+              and isinstance(x[1], (int, float))]
+    if len(series) >= 3:
+        facts["_scale_series"] = series[:200]  # drawn as a sparkline by the renderers
     return p, sc, facts
 
 
 _SCALE_FACTS = ("skipped", "updates", "initial_scale", "final_scale", "longest_skip_run", "first_skipped_step",
-                "skipped_list", "_collapsed")
+                "skipped_list", "_collapsed", "_scale_series")
 
 
 @check(facts=_SCALE_FACTS)

@@ -120,3 +120,68 @@ def test_instrumentation_failing_changes_nothing_and_is_reported(tmp_path: Path)
     assert by_rule(data, "logged-loss-nan")["severity"] == "error"
     info = by_rule(data, "instrumentation-stopped")
     assert info["severity"] == "info" and "MPDOCTOR_INSTRUMENT_FAIL" in info["evidence"][0]["text"]
+
+
+def test_cuda_oom_context_from_the_allocator_figures() -> None:
+    """The OOM context a child reads on CUDA (memory_stats, mem_get_info, the snapshot's
+    blocks attributed to the watched tensors), through a recorded fixture and the same
+    code path, into the finding a user reads."""
+    from mpdoctor.instrument.context import summarise_device_memory
+    from mpdoctor.run.diagnose import judge_run
+
+    rec = json.loads((ROOT / "fixtures" / "events" / "cuda-oom-allocator.json").read_text())
+    dev = summarise_device_memory(rec["raw"], [tuple(o) for o in rec["owners"]])
+    assert (dev["allocated"], dev["reserved"], dev["reserved_unused"], dev["free"], dev["total"]) == \
+        ("18.81 GiB", "22.06 GiB", "3.25 GiB", "1.12 GiB", "23.65 GiB")
+    assert dev["num_alloc_retries"] == 3 and dev["num_ooms"] == 1 and "CUDA OOMs: 1" in dev["summary"]
+    assert dev["largest_allocations"][:3] == ["4.00 GiB (output of blocks.3.mlp.fc1)",
+                                              "3.00 GiB (output of blocks.2.mlp.fc1)",
+                                              "2.50 GiB (output of lm_head)"]
+    assert [m["owner"] for m in dev["largest_by_module"]][:2] == ["output of blocks.3.mlp.fc1",
+                                                                  "output of blocks.2.mlp.fc1"]
+    evidence = json.loads((ROOT / "fixtures" / "events" / "host-oom-cpu-allocator.json").read_text())
+    proc = evidence["processes"][0]
+    err = proc["watch"]["errors"][0]
+    err.update(exception=rec["exception"], module="blocks.3.mlp.fc1", module_type="Linear")
+    err["context"]["memory"]["device"] = dev
+    proc["exceptions"] = [{"type": "exception", "time": err["time"], "step": 0, "module": err["module"],
+                           "exception": rec["exception"]}]
+    top = judge_run(evidence).findings[0]
+    assert top.category == "out-of-memory"
+    words = top.facts["memory_context"]
+    assert "device cuda:0: allocated 18.81 GiB, reserved 22.06 GiB" in words
+    assert "largest allocations 4.00 GiB (output of blocks.3.mlp.fc1)" in words
+
+
+def test_the_watcher_names_the_tensors_that_hold_memory() -> None:
+    """What the OOM context attributes the allocator's blocks to, live on the CPU."""
+    import torch
+    from torch import nn
+
+    import mpdoctor
+    from mpdoctor.instrument.context import attribute_blocks
+
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+    seen: list = []
+    with mpdoctor.watch(net) as h:
+        net[2].register_forward_hook(lambda m, a, o: seen.append(h.memory_owners()))
+        net(torch.randn(32, 64)).sum().backward()
+        net(torch.randn(32, 64))  # the second step: the gradients of the first are alive
+    labels = {label for label, _, _ in seen[-1]}
+    # the output of 0 was freed (ReLU keeps its own output for the backward, not its input)
+    assert {"parameters of 0", "gradients of 0", "output of 1", "input of Sequential"} <= labels
+    assert "output of 0" not in labels
+    by_owner = {m["owner"]: m["bytes"] for m in attribute_blocks([], seen[-1])}
+    assert by_owner["output of 1"] == 32 * 256 * 4 and by_owner["parameters of 0"] == (64 * 256 + 256) * 4
+
+
+@pytest.mark.slow
+def test_watch_every_reaches_the_wrapped_child(tmp_path: Path) -> None:
+    """MPDOCTOR_WATCH_EVERY=3 under `mpdoctor run`: steps 0 and 3 are watched; the Inf
+    of step 3 is still localised, the hot step 2 (not sampled) is not looked at."""
+    env = dict(os.environ, MPDOCTOR_WATCH_EVERY="3")
+    p, data = wrapped("fp16_overflow.py", tmp_path, env=env)
+    assert p.returncode == 1
+    facts = errors(data)[0]["facts"]
+    assert (facts["module"], facts["phase"], facts["step"]) == ("blocks.2.proj", "forward", 3)
+    assert "activation-near-fp16-limit" not in [f["rule"] for f in data["findings"]]

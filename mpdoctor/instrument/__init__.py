@@ -12,6 +12,7 @@ Two ways in, one implementation (`watcher.Watcher`):
 The handle ``watch()`` returns (a ``Watcher``)::
 
     h = mpdoctor.watch(model)            # or an accelerate Accelerator (before or after prepare)
+    h = mpdoctor.watch(model, every=4)   # sampled: modules watched on steps 0, 4, 8, ... only
     ... train ...
     h.autocast_dtype    # "bfloat16" / "float16" / "float32": output dtype of the first
                         # nn.Linear / conv seen (what autocast really ran); None before any
@@ -34,6 +35,21 @@ The handle ``watch()`` returns (a ``Watcher``)::
     h.findings()        # [mpdoctor.findings.Finding], root cause first
     h.report()          # mpdoctor.findings.Report(findings=..., extra={"precision_plan": ...})
     h.close()           # remove every hook; also `with mpdoctor.watch(m) as h: ...`
+
+Sampling (``every=N``; ``MPDOCTOR_WATCH_EVERY=N`` for ``mpdoctor run``, whose
+process-wide watcher is also what watch() returns there): the per-module reductions (outputs, gradients) and the
+per-parameter gradient norms run on every Nth step only (steps 0, N, 2N, ...), so the
+cost on a model with thousands of modules is about 1/N of the full one. The loss, the
+loss scale (skipped steps) and exceptions (with their context) are still recorded on
+every step: a NaN that first appears on a step that is not sampled is reported at the
+loss, with its step; the module that made it is named when it appears on a sampled
+step, and from then on every step is watched. With ``watch(model)`` (and the
+integrations) the submodules' hooks are removed on the steps that are not sampled, so
+those steps cost almost nothing even with thousands of modules; an exception raised there
+is still attributed to the innermost module it went through (from its traceback). Under
+``mpdoctor run`` the hooks are process-wide and stay: a step not sampled costs the hook
+calls only. Whole steps are sampled rather than a rotating subset of modules because the
+first module to go non-finite is only known when every module of that step is watched.
 
 Detection costs no host synchronisation per module: each module's output (and each
 gradient, through tensor hooks) is reduced on its device to a (min, max) pair that is

@@ -53,6 +53,7 @@ def _at_exit(w: Any) -> None:
     try:
         if not w.disabled:
             w.flush()
+            w.readout.release_held()
             w._refresh_plan()
         exc = getattr(sys, "last_value", None)
         if exc is not None and not w.disabled:

@@ -25,22 +25,23 @@ def exception_text(exc: BaseException) -> str:
 
 
 def raised_error(text: str, step: int, batch_shape: list[int] | None, mod: Any = None, name: str = "",
-                 args: Any = ()) -> RaisedError:
+                 args: Any = (), owners: Any = None) -> RaisedError:
     """The record of an exception (`text`: exception_text's) raised at `step`: in the
-    forward of `mod` (named `name`, called with `args`), or outside any module."""
+    forward of `mod` (named `name`, called with `args`), or outside any module.
+    `owners`: a callable listing the watched tensors, to attribute GPU memory to modules."""
     err = RaisedError(exception=text, module=name, module_type=type(mod).__name__ if mod is not None else "",
                       step=step, time=time.time())
-    err.context = failure_context(mod, args, batch_shape)
+    err.context = failure_context(mod, args, batch_shape, owners)
     return err
 
 
-def failure_context(mod: Any, args: Any, batch_shape: list[int] | None) -> dict[str, Any]:
+def failure_context(mod: Any, args: Any, batch_shape: list[int] | None, owners: Any = None) -> dict[str, Any]:
     """What surrounded the failure; each part on its own, a partial context is still one."""
     ctx: dict[str, Any] = {"batch_shape": batch_shape}
     for key, get in (("params", lambda: context.param_summary(mod)),
                      ("inputs", lambda: [context.describe_tensor(t) for t in context.tensors_in(args)]),
                      ("autocast", context.autocast_state),
-                     ("memory", lambda: {"host": context.host_memory(), "device": context.device_memory()})):
+                     ("memory", lambda: {"host": context.host_memory(), "device": context.device_memory(owners)})):
         if mod is None and key in ("params", "inputs"):
             continue
         try:

@@ -65,6 +65,11 @@ class Readout:
         self._warned_modules: set[str] = set()
         self._nf_phases: set[str] = set()
         self._nf_steps: set[int] = set()
+        # step sampling (watch(every=N)): whether a step's modules were watched, and a
+        # non-finite loss met on a step whose modules were not (held back: the modules of
+        # the next steps are watched, so that the one that makes it can be named)
+        self.sampled: Callable[[int], bool] = lambda step: True
+        self.held_loss: NonFinite | None = None
 
     def read(self, meta: list[tuple], scalars: dict[Any, list[Tensor]], vectors: dict[Any, list[Tensor]],
              scaler_active: bool, root: Any) -> bool:
@@ -136,9 +141,13 @@ class Readout:
             found |= self._nonfinite_forward(meta, values, first_fwd)
         elif first_loss is not None:
             kind, mod, dev, off, aux, step, dtype = meta[first_loss]
-            found |= self._add_nonfinite(NonFinite(
-                module="(loss)", phase="forward", step=step, dtype=dtype_name(dtype),
-                kind="nan" if math.isnan(values[dev][off]) else "inf", origin="loss"))
+            rec = NonFinite(module="(loss)", phase="forward", step=step, dtype=dtype_name(dtype),
+                            kind="nan" if math.isnan(values[dev][off]) else "inf", origin="loss")
+            if self.sampled(step):
+                found |= self._add_nonfinite(rec)
+            elif self.held_loss is None and "forward" not in self._nf_phases:
+                self.held_loss = rec  # the watcher now watches every step
+                found = True
         # NaN in the backward of a step whose forward already had one is only its echo
         fwd_step = min((n.step for n in self.nonfinite if n.phase == "forward"), default=None)
         if first_bwd is not None:
@@ -172,6 +181,12 @@ class Readout:
             if not (math.isfinite(rec.input_min) and math.isfinite(rec.input_max)):
                 rec.origin = "input"
         return self._add_nonfinite(rec)
+
+    def release_held(self) -> bool:
+        """At the end: a held-back non-finite loss that no watched step explained is
+        reported as it was seen (at the loss)."""
+        rec, self.held_loss = self.held_loss, None
+        return rec is not None and "forward" not in self._nf_phases and self._add_nonfinite(rec)
 
     def _add_nonfinite(self, rec: NonFinite) -> bool:
         """Keep the first non-finite value of each phase; a later step of the same phase

@@ -33,6 +33,8 @@ from .readout import Readout
 from .records import NonFinite, PrecisionPlan, RaisedError, ScalerTimeline
 
 _FORCE_FAIL = os.environ.get("MPDOCTOR_INSTRUMENT_FAIL") == "1"
+# Sampling: watch the modules of every Nth step only (see `Watcher.every`).
+ENV_EVERY = "MPDOCTOR_WATCH_EVERY"
 # Flush anyway when this many values are pending (a loop with no outermost module).
 _MAX_PENDING = 20000
 
@@ -82,20 +84,35 @@ class _RootInfo:
 class Watcher:
     """See the package docstring for the handle's API."""
 
-    def __init__(self, *, sink: Any = None, auto: bool = False) -> None:
+    def __init__(self, *, sink: Any = None, auto: bool = False, every: int | None = None) -> None:
         self.sink = sink
         self.auto = auto
+        # Step sampling: the per-module reductions (forward outputs, gradients) and the
+        # per-parameter gradient norms run on steps 0, N, 2N, ... only; the loss, the loss
+        # scale and exceptions are recorded on every step (one value each, or nothing).
+        self.every = _every(every, from_env=auto)
+        self._on = True  # is the current step sampled
+        self._escalated_from: int | None = None  # every step watched from this one on
+        self._step_driven = False  # steps counted by mark_step() (an integration), not by forwards
         self.step = -1
         self.errors: list[RaisedError] = []
         self.internal_errors: list[str] = []
         self.disabled = False
         self.readout = Readout(self.name_of)
+        if self.every > 1:
+            self.readout.sampled = self._is_sampled
         self.plan_tracker = PlanTracker(self.name_of)
         # the hot path's view of the plan: bound once, and () once the plan has enough
         self._note_matmul = self.plan_tracker.note_matmul
         self._matmul_types = MATMUL_TYPES
         self._tls = threading.local()
-        self._hooks: list[Any] = []
+        self._hooks: list[Any] = []  # process-wide hooks (attach_global)
+        # per-module hooks (attach_module): id(module) -> (weakref, pre handle, post handle);
+        # with sampling, the handles of all but the watched roots are None on the steps
+        # that are not sampled (those steps then cost no hook call at all)
+        self._module_hooks: dict[int, tuple[Any, Any, Any]] = {}
+        self._attach_roots: set[int] = set()
+        self._children_hooked = True
         self._roots: dict[int, _RootInfo] = {}
         self._primary: Any = None
         self._names: dict[int, str] = {}
@@ -120,10 +137,36 @@ class Watcher:
         self._hooks.append(nn_module.register_module_forward_hook(self._post, always_call=True))
 
     def attach_module(self, model: Any) -> None:
+        self._attach_roots.add(id(model))
         for m in model.modules():
-            self._hooks.append(m.register_forward_pre_hook(self._pre))
-            self._hooks.append(m.register_forward_hook(self._post, always_call=True))
+            old = self._module_hooks.get(id(m))
+            if old is not None and old[0]() is m:
+                continue  # already watched (a wrapper around a watched model)
+            hooked = self._children_hooked or id(m) in self._attach_roots
+            self._module_hooks[id(m)] = (weakref.ref(m), *(self._hook(m) if hooked else (None, None)))
         self._new_root(model, force_primary=self._primary is None)
+
+    def _hook(self, m: Any) -> tuple[Any, Any]:
+        return m.register_forward_pre_hook(self._pre), m.register_forward_hook(self._post, always_call=True)
+
+    def _sample_hooks(self) -> None:
+        """With sampling, the submodules' hooks are there on the sampled steps only."""
+        want = self._on
+        if self.every == 1 or want == self._children_hooked or not self._module_hooks:
+            return
+        self._children_hooked = want
+        for key, (ref, pre, post) in list(self._module_hooks.items()):
+            if key in self._attach_roots:
+                continue
+            m = ref()
+            if m is None:
+                del self._module_hooks[key]
+            elif want and pre is None:
+                self._module_hooks[key] = (ref, *self._hook(m))
+            elif not want and pre is not None:
+                pre.remove()
+                post.remove()
+                self._module_hooks[key] = (ref, None, None)
 
     def attach_accelerator(self, acc: Any) -> None:
         self.on_accelerator(acc)
@@ -148,9 +191,15 @@ class Watcher:
 
     def close(self) -> None:
         self.flush()
+        self.readout.release_held()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        for _, pre, post in self._module_hooks.values():
+            if pre is not None:
+                pre.remove()
+                post.remove()
+        self._module_hooks.clear()
         from . import patches
 
         patches.unregister(self)
@@ -205,6 +254,7 @@ class Watcher:
         from ..run.diagnose import judge_run
 
         self.flush()
+        self.readout.release_held()
         self._refresh_plan()
         evidence = {"schema": 1, "command": list(sys.argv[:8]), "exit_code": 0, "signal": None,
                     "output": {}, "processes": [{
@@ -266,6 +316,9 @@ class Watcher:
                 st.clear()  # a KeyboardInterrupt skipped the post hooks: the stack is stale
             if not st:
                 self._root_enter(mod, args)
+            if not self._on:  # a step that is not sampled: keep the call stack only
+                st.append((mod, -1, self._gen))
+                return None
             t = None
             if args:
                 a0 = args[0]
@@ -305,12 +358,18 @@ class Watcher:
                     key = (id(exc), type(exc), str(exc)[:200])
                     if key != self._last_exc:
                         self._last_exc = key
+                        if not self._children_hooked:  # a step not sampled: the submodules had no hooks
+                            mod, args = _innermost_module(exc, self._names, mod, args)
                         self._on_forward_error(mod, args, exc)
                     if not st:
                         self.flush()
                     return None
             t = out if isinstance(out, Tensor) else _first_float(out)
             if t is None or not t.is_floating_point() or not t.numel() or t.is_meta:
+                return None
+            if not self._on:
+                if isinstance(mod, self._matmul_types) and not self._note_matmul(mod, t):
+                    self._matmul_types = ()
                 return None
             idx = self._record("out", mod, t, in_idx)
             self._out_cache[id(t)] = (weakref.ref(t), idx)
@@ -392,8 +451,8 @@ class Watcher:
             info = self._new_root(mod)
         if not info.primary:
             return
-        self.flush()
-        self.step += 1
+        if not self._step_driven:
+            self._next_step()
         if not self._params_counted:
             self._params_counted = True
             self.plan_tracker.count_root(mod)
@@ -401,6 +460,34 @@ class Watcher:
         self._batch_shape = list(t.shape) if t is not None else None
         if self.sink is not None:
             self.sink.progress(self.step, "forward")
+
+    def _next_step(self) -> None:
+        self.flush()
+        self.step += 1
+        self._on = self.every == 1 or self.step % self.every == 0
+        if not self._on and self.readout.held_loss is not None:
+            # a non-finite loss on a step that was not watched: watch every step from now on
+            self._on = True
+            if self._escalated_from is None:
+                self._escalated_from = self.step
+        self._sample_hooks()
+
+    def mark_step(self) -> None:
+        """A training step begins, as the training loop counts them (the integrations
+        call it from the Trainer's step events). From the first call on, steps are these,
+        not the outermost module's forwards: a LightningModule whose training_step calls
+        its submodules, or gradient accumulation, then counts as the trainer does."""
+        if self.disabled:
+            return
+        try:
+            self._step_driven = True
+            self._stack().clear()
+            self._next_step()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _is_sampled(self, step: int) -> bool:
+        return step % self.every == 0 or (self._escalated_from is not None and step >= self._escalated_from)
 
     def name_of(self, mod: Any) -> str:
         if mod is None:
@@ -422,7 +509,11 @@ class Watcher:
             self._gen += 1
             self._out_cache.clear()
             self._gin.clear()
-            if self.readout.read(meta, scalars, vectors, self.plan_tracker.scaler_active(), self._primary):
+            found = self.readout.read(meta, scalars, vectors, self.plan_tracker.scaler_active(), self._primary)
+            if self.readout.held_loss is not None and self._escalated_from is not None and \
+                    self.step >= self._escalated_from:
+                found |= self.readout.release_held()  # a watched step did not name a module
+            if found:
                 self._emit()
         except Exception as exc:
             self._fail(exc)
@@ -437,7 +528,8 @@ class Watcher:
 
     # ---- errors ------------------------------------------------------------------
     def _on_forward_error(self, mod: Any, args: Any, exc: BaseException) -> None:
-        err = raised_error(exception_text(exc), self.step, self._batch_shape, mod, self.name_of(mod), args)
+        err = raised_error(exception_text(exc), self.step, self._batch_shape, mod, self.name_of(mod), args,
+                           owners=self.memory_owners)
         self.errors.append(err)
         if self.sink is not None:
             self.sink.event("exception", step=self.step, module=err.module, exception=err.exception[:500],
@@ -450,7 +542,35 @@ class Watcher:
         text = exception_text(exc)
         if any(e.exception == text for e in self.errors):
             return
-        self.errors.append(raised_error(text, self.step, self._batch_shape))
+        self.errors.append(raised_error(text, self.step, self._batch_shape, owners=self.memory_owners))
+
+    def memory_owners(self) -> list[tuple[str, int, int]]:
+        """(label, data_ptr, nbytes) of the tensors the watcher can name: the outputs of
+        this step's module calls still alive, the outermost module's parameters and their
+        gradients. Only read when an error asks for the memory context."""
+        out: list[tuple[str, int, int]] = []
+
+        def add(label: str, t: Any) -> None:
+            try:
+                st = t.untyped_storage()
+                out.append((label, st.data_ptr(), st.nbytes()))
+            except Exception:
+                pass
+
+        for ref, idx in list(self._out_cache.values()):
+            t = ref()
+            if t is not None and 0 <= idx < len(self._meta):
+                kind, mod = self._meta[idx][0], self._meta[idx][1]
+                add(f"{'input' if kind == 'in' else 'output'} of {self.name_of(mod)}", t)
+        root = self._primary
+        if root is not None:
+            for name, m in root.named_modules():
+                label = _strip_wrapper(name, root) or type(m).__name__
+                for p in m.parameters(recurse=False):
+                    add(f"parameters of {label}", p)
+                    if p.grad is not None:
+                        add(f"gradients of {label}", p.grad)
+        return out
 
     # ---- process-wide events (dispatched by patches.py) ----------------------------
     def _pend_pair(self, kind: str, a: Tensor, b: Tensor) -> None:
@@ -495,6 +615,9 @@ class Watcher:
         self.plan_tracker.on_optimizer(opt, params)
         with_grad = [p for p in params if p.grad is not None]
         if not with_grad:
+            return
+        if not self._on:
+            self.plan_tracker.before_step(with_grad)
             return
         grads = [p.grad for p in with_grad]
         norms = torch._foreach_norm(grads, math.inf, dtype=torch.float32)
@@ -565,6 +688,32 @@ def watch(obj: Any = None, **kwargs: Any) -> Watcher:
     else:
         raise TypeError(f"mpdoctor.watch() takes a torch.nn.Module or an accelerate Accelerator, not {type(obj).__name__}")
     return w
+
+
+def _innermost_module(exc: BaseException, names: dict[int, str], mod: Any, args: Any) -> tuple[Any, Any]:
+    """The innermost watched module whose forward the exception went through (from its
+    traceback), with the tensors that forward held; (mod, args) when none is found."""
+    found = (mod, args)
+    tb = exc.__traceback__
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        obj = local.get("self")
+        if isinstance(obj, torch.nn.Module) and id(obj) in names and tb.tb_frame.f_code.co_name == "forward":
+            found = (obj, tuple(v for k, v in local.items() if k != "self" and isinstance(v, Tensor))[:4])
+        tb = tb.tb_next
+    return found
+
+
+def _every(every: Any, from_env: bool = False) -> int:
+    """The sampling period: `every` as given (a positive int, else ValueError); when not
+    given, 1, or for `mpdoctor run`'s watcher (`from_env`) MPDOCTOR_WATCH_EVERY (a wrong
+    value there means 1: the training must not fail on it)."""
+    if every is None:
+        raw = os.environ.get(ENV_EVERY, "").strip() if from_env else ""
+        return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"mpdoctor.watch(every=...) takes a positive integer, not {every!r}")
+    return every
 
 
 def _is_accelerator(obj: Any) -> bool:

@@ -305,3 +305,13 @@ def test_stdout_and_stderr_into_one_pipe_interleave_as_bare() -> None:
     bare = run([PY, "-c", code], stderr=subprocess.STDOUT)
     wrapped = run(MPDOCTOR + ["--no-probe", "--", PY, "-c", code], stderr=subprocess.STDOUT)
     assert wrapped.returncode == 0 and wrapped.stdout == bare.stdout
+
+
+@pytest.mark.parametrize("value", ["x", "0", "-2", "1.5"])
+def test_a_sampling_period_that_is_not_a_step_count_is_refused_before_the_run(tmp_path, value):
+    marker = tmp_path / "ran"
+    p = subprocess.run([sys.executable, "-m", "mpdoctor", "run", "--", sys.executable, "-c",
+                        f"open({str(marker)!r}, 'w')"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, MPDOCTOR_WATCH_EVERY=value))
+    assert p.returncode == 2 and "MPDOCTOR_WATCH_EVERY" in p.stderr
+    assert not marker.exists()  # nothing was started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -50,6 +51,10 @@ def main(args: Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         return fail("run: no command given; usage: mpdoctor run [--report FILE] -- COMMAND ...")
+    every = os.environ.get("MPDOCTOR_WATCH_EVERY", "").strip()
+    if every and not (every.isdigit() and int(every) >= 1):
+        return fail(f"MPDOCTOR_WATCH_EVERY={every!r}: give a whole number of steps, 1 or more "
+                    "(1 watches every step)")
     rules = load_rules_or_fail(args.rules)  # a broken rule is said before the training starts
     if isinstance(rules, int):
         return rules

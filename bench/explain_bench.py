@@ -6,6 +6,9 @@
 1. Cold start on a 30-line traceback vs `python -c "import rich.console"` (target <= 1.5x).
 2. A training log with one traceback near the end vs `grep -E` over the same file with one
    literal phrase per rule (target <= 3x), and explain's peak memory (target < 200 MB).
+3. The big-log scan without Hyperscan (MPDOCTOR_NO_HYPERSCAN=1, the pure-Python scan)
+   vs with it, on the same log (--scan-mb, default 64: target <= 5x). `--only-scan`
+   runs this part alone; `--only-start` runs part 1 alone.
 
 Runs are interleaved (baseline, candidate, baseline, ...) and medians are reported, so a
 noisy neighbour slows both sides alike. The log is generated into /tmp, never the repo.
@@ -145,6 +148,41 @@ def grep_phrases() -> list[str]:
     return sorted(phrases)
 
 
+SCAN_CODE = """
+import sys, time
+from mpdoctor.rulebase import load
+from mpdoctor.explain import matcher_for
+from mpdoctor.scan import read_log
+spec = matcher_for(load()).prefilter()
+t = time.perf_counter()
+log = read_log(sys.argv[1], spec)
+print(time.perf_counter() - t, log.info["matcher"], log.info.get("regions"))
+"""
+
+
+def scan_ratio(log: Path, runs: int) -> None:
+    """The region scan alone (read_log), Hyperscan vs the pure-Python scan, interleaved."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    sides = {"hyperscan": {**env, "MPDOCTOR_NO_HYPERSCAN": "0"}, "python": {**env, "MPDOCTOR_NO_HYPERSCAN": "1"}}
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    engines: dict[str, str] = {}
+    for _ in range(runs):
+        for name, e in sides.items():
+            out = subprocess.run([PY, "-c", SCAN_CODE, str(log)], capture_output=True, text=True, env=e, cwd=ROOT)
+            if out.returncode:
+                print(out.stderr[-2000:])
+                return
+            secs, engine, _regions = out.stdout.split()
+            times[name].append(float(secs))
+            engines[name] = engine
+    h, p = statistics.median(times["hyperscan"]), statistics.median(times["python"])
+    size = log.stat().st_size
+    print(f"\n3. region scan of a {size / 1e6:.0f} MB training log ({runs} interleaved runs, medians)")
+    print(f"   {engines['hyperscan']:<10} scan {h:7.2f} s   ({size / h / 1e6:.0f} MB/s)")
+    print(f"   {engines['python']:<10} scan {p:7.2f} s   ({size / p / 1e6:.0f} MB/s)")
+    print(f"   ratio python/hyperscan {p / h:.2f}x   (target <= 5x)")
+
+
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,7 +190,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15, help="cold-start runs per side")
     ap.add_argument("--big-runs", type=int, default=3, help="big-log runs per side")
     ap.add_argument("--log", type=Path, default=None, help="the big log (default /tmp/mpdoctor-bench-<size>MB.log)")
+    ap.add_argument("--scan-mb", type=int, default=64, help="log size for the scan ratio (part 3)")
+    ap.add_argument("--scan-runs", type=int, default=3)
+    ap.add_argument("--only-scan", action="store_true", help="run part 3 only")
+    ap.add_argument("--only-start", action="store_true", help="run part 1 only")
     args = ap.parse_args()
+    if args.only_scan:
+        scan_log = Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.scan_mb}MB.log"
+        training_log(scan_log, args.scan_mb)
+        scan_ratio(scan_log, args.scan_runs)
+        return 0
 
     mpdoctor = [PY, "-m", "mpdoctor"]
     console_script = Path(PY).with_name("mpdoctor")
@@ -175,6 +222,8 @@ def main() -> int:
     print(f"   python -c 'import rich.console'   {base * 1000:7.1f} ms")
     print(f"   mpdoctor explain traceback.log    {cand * 1000:7.1f} ms")
     print(f"   ratio {cand / base:.2f}x   (target <= 1.5x)")
+    if args.only_start:
+        return 0
 
     log = args.log or Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.size_mb}MB.log"
     t = time.perf_counter()
@@ -200,6 +249,9 @@ def main() -> int:
     print(f"   ratio {m / g:.2f}x   (target <= 3x)")
     print(f"   peak memory {rss:.0f} MB   (target < 200 MB)")
     print(f"   findings: {', '.join(found) or 'none'}")
+    scan_log = Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.scan_mb}MB.log"
+    training_log(scan_log, args.scan_mb)
+    scan_ratio(scan_log, args.scan_runs)
     return 0
 
 

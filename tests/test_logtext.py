@@ -276,3 +276,71 @@ def test_windows_stdlib_and_console_scripts_are_not_user_code():
 def test_line_numbers_are_kept_with_an_offset():
     lines = normalise("a\nb\n", first_line_no=41)
     assert [(ln.no, ln.text) for ln in lines] == [(41, "a"), (42, "b"), (43, "")]
+
+
+# -- text as people have it (issue 13): encodings, NUL padding; binary only when binary ------
+
+def _oom_log() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "forms"
+            / "torchrun-tee-default-prefix.log").read_text()
+
+
+def _evidence(report) -> list:
+    return [(f.rule, [e.line for e in f.evidence]) for f in report.findings]
+
+
+@pytest.mark.parametrize("name, encode, extra_lines", [
+    ("utf-16 with BOM (PowerShell >)", lambda t: t.encode("utf-16"), 0),
+    ("utf-16-le without BOM", lambda t: t.encode("utf-16-le"), 0),
+    ("utf-16-be without BOM", lambda t: t.encode("utf-16-be"), 0),
+    ("utf-32 with BOM", lambda t: t.encode("utf-32"), 0),
+    ("utf-32-le without BOM", lambda t: t.encode("utf-32-le"), 0),
+    ("utf-8 with BOM", lambda t: t.encode("utf-8-sig"), 0),
+    ("NUL padding after a crash", lambda t: t.encode() + b"\0" * 200_000, 0),
+    ("NUL run in the middle", lambda t: b"starting\n" + b"\0" * 70_000 + b"\n" + t.encode(), 2),
+    ("GBK", lambda t: ("训练开始：第 1 步\n错误：显存不足，请减小批量\n" + t).encode("gbk"), 2),
+    ("Shift-JIS", lambda t: ("トレーニングを開始します。\nエラーが発生しました\n" + t).encode("shift_jis"), 2),
+    ("cp1252", lambda t: ("Démarrage de l'entraînement — étape 1\n" + t).encode("cp1252"), 1),
+])
+def test_a_log_in_any_encoding_is_read_as_a_log(tmp_path, name, encode, extra_lines):
+    from mpdoctor.explain import explain_path
+
+    text = _oom_log()
+    plain = tmp_path / "plain.log"
+    plain.write_text(text)
+    want = [(rule, [n + extra_lines for n in lines]) for rule, lines in _evidence(explain_path(plain))]
+    assert want and want[0][0] == "cuda-oom"
+    path = tmp_path / "encoded.log"
+    path.write_bytes(encode(text))
+    assert _evidence(explain_path(path)) == want  # same findings, evidence on the same lines
+
+
+def test_a_big_utf16_log_is_scanned_in_regions_with_its_line_numbers(tmp_path, monkeypatch):
+    from mpdoctor import scan
+    from mpdoctor.explain import explain_path
+
+    monkeypatch.setattr(scan, "WHOLE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(scan, "CHUNK", 64 * 1024)
+    text = "".join(f"[rank0]: step {i} | loss 0.5\n" for i in range(5_000)) + _oom_log()
+    (tmp_path / "plain.log").write_text(text)
+    (tmp_path / "u16.log").write_bytes(text.encode("utf-16"))
+    big = explain_path(tmp_path / "u16.log")
+    assert big.input["scanned"] == "regions" and big.input["encoding"] == "utf-16"
+    assert _evidence(big) == _evidence(explain_path(tmp_path / "plain.log"))
+
+
+@pytest.mark.parametrize("name, data", [
+    ("PNG", lambda: b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + __import__("random").Random(1).randbytes(20_000)),
+    ("random bytes", lambda: __import__("random").Random(2).randbytes(50_000)),
+    ("ELF", lambda: open(__import__("sys").executable, "rb").read(65536)),
+    ("gzip", lambda: __import__("gzip").compress(b"Traceback (most recent call last):\n" * 2000)),
+])
+def test_binary_is_still_binary(tmp_path, name, data):
+    from mpdoctor.scan import InputError, read_log
+
+    path = tmp_path / "x.log"
+    path.write_bytes(data())
+    with pytest.raises(InputError, match="binary"):
+        read_log(str(path), [])

@@ -11,7 +11,7 @@ from mpdoctor.engine import rulecache
 from mpdoctor import rulebase
 from mpdoctor.engine.rule import LazyPattern, RuleError
 from mpdoctor.explain import explain_text
-from tests.rulekit import private_cache, rule_toml, write_rule  # noqa: F401 (private_cache is an autouse fixture)
+from tests.rulekit import private_cache, rule_toml, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
 
 BAD = [
@@ -177,3 +177,100 @@ def test_a_rule_read_back_from_the_cache_is_the_rule_in_its_file(tmp_path, monke
             assert getattr(cached[rid], attr, None) == getattr(rule, attr, None), (rid, attr)
         assert cached[rid].examples == rule.examples, rid
         assert cached[rid].near_misses == rule.near_misses, rid
+
+
+# -- hostile rule folders and patterns (issue 13) -------------------------------------------
+
+@pytest.mark.parametrize("pattern, words", [
+    (r"xyz(a|aa)+b FAILED", "repeats an alternation whose branches can start with the same character"),
+    (r"abc\s*\s*\s*\s*\s*\s*\s*\s*x FAILED", "two repetitions side by side"),
+    (r"abc(a{1,100}){1,100}b FAILED", "nests counted repetitions"),
+    (r"FAILED (?P<p>\S{0,300}?(?P<e>[\w\-]{1,80}?))\.so", "two repetitions side by side"),
+])
+def test_user_patterns_that_backtrack_are_refused_naming_file_and_rule(tmp_path, pattern, words):
+    path = write_rule(tmp_path / "r", "slow", patterns=[pattern])
+    with pytest.raises(RuleError) as err:
+        rulebase.load_folder(tmp_path / "r")
+    assert str(err.value).startswith(str(path)) and "'slow'" in str(err.value) and words in str(err.value)
+
+
+def test_patterns_the_checker_lets_through_are_fine(tmp_path):
+    # alternatives that start differently, a bounded run next to an unbounded one, a small count
+    rules = rules_in(tmp_path, ("fine", {"patterns": [r"FINE FAILED (?:nan|inf)+ at \d+\s*[:=]\s{0,4}x",
+                                                      r"FINE (?:>=|<=|>|<){0,2} FAILED"]}))
+    assert [r.id for r in rules] == ["fine"]
+
+
+def test_rule_discovery_does_not_follow_a_link_out_of_the_folder(tmp_path):
+    import os
+    import time
+
+    folder = tmp_path / "r"
+    write_rule(folder, "inside")
+    os.symlink("/", folder / "root")  # would walk the whole filesystem
+    os.symlink(tmp_path / "elsewhere", folder / "away")
+    write_rule(tmp_path / "elsewhere", "outside")
+    os.symlink(folder / "log", folder / "loop")  # inside, but a loop of the same folder
+    t = time.perf_counter()
+    rules = rulebase.load_folder(folder)
+    assert time.perf_counter() - t < 2
+    assert [r.id for r in rules] == ["inside"]
+
+
+def test_a_fifo_or_a_folder_named_toml_is_skipped_not_read(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "r"
+    write_rule(folder, "real")
+    os.mkfifo(folder / "x.toml")  # opening it would block for ever
+    (folder / "y.toml").mkdir()
+    code = ("import sys; from mpdoctor import rulebase; "
+            "print([r.id for r in rulebase.load_folder(sys.argv[1])])")
+    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['real']"
+
+
+def test_cache_notices_an_edit_that_keeps_size_and_mtime(tmp_path):
+    import os
+
+    from mpdoctor.engine import loader
+
+    path = write_rule(tmp_path / "r", "same", title="Title AAAA")
+    st = os.stat(path)
+    assert [r.title for r in rulebase.load_folder(tmp_path / "r")] == ["Title AAAA"]
+    path.write_text(path.read_text().replace("Title AAAA", "Title BBBB"))  # as `cp -p` leaves it
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    rulecache.reset()
+    loader._CACHE.clear()
+    assert [r.title for r in rulebase.load_folder(tmp_path / "r")] == ["Title BBBB"]
+
+
+@pytest.mark.parametrize("entry", [
+    "not a tuple", (1, 2), ("digest", 10, "kw", "pats", True, "1:2:3", 0), None,
+    "RIGHT_KEY_WRONG_KW",
+])
+def test_a_cache_entry_of_the_wrong_shape_is_ignored(tmp_path, entry):
+    import marshal
+
+    from mpdoctor.engine import loader
+
+    path = write_rule(tmp_path / "r", "shape", patterns=[r"SHAPE FAILED (?P<n>\d+)"])
+    rulebase.load_folder(tmp_path / "r")  # writes the cache
+    blob_path = tmp_path / "cache" / "rules.marshal"
+    blob = marshal.loads(blob_path.read_bytes())
+    key = next(iter(blob["entries"]))
+    good = blob["entries"][key]
+    if entry == "RIGHT_KEY_WRONG_KW":  # the right digest, a constructor argument of another shape
+        entry = (*good[:2], {**good[2], "priority": "high", "extra": 1}, *good[3:])
+    blob["entries"][key] = entry
+    blob_path.write_bytes(marshal.dumps(blob))
+    rulecache.reset()
+    loader._CACHE.clear()
+    rules = rulebase.load_folder(tmp_path / "r")
+    assert [r.id for r in rules] == ["shape"] and rules[0].priority == 50
+    assert explain_text("SHAPE FAILED 7", rules).findings[0].rule == "shape"
+    assert path.is_file()

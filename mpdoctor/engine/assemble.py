@@ -19,6 +19,7 @@ import re
 from typing import Any, Iterable
 
 from ..findings import SEVERITIES, Evidence, Finding
+from ..logtext.lines import _LazyRe
 from .rule import Rule
 from .template import render_all, render_paragraph
 
@@ -59,7 +60,7 @@ def assemble(rule: Rule, facts: dict[str, Any], evidence: Iterable[Evidence] = (
 # Where a clause starts: an open bracket, a colon, a dash, a comma, a sentence end.
 # (the spaces before it are found with rstrip: a leading \s* would make finditer quadratic
 # on a run of spaces)
-_CLAUSE = re.compile(r"[(\[:;,\u2014\u2013]|\s-\s|\.\s")
+_CLAUSE = _LazyRe(r"[(\[:;,\u2014\u2013]|\s-\s|\.\s")
 _DANGLING = " \t([{:;,.-\u2014\u2013"
 
 
@@ -73,7 +74,9 @@ def fallback_title(title: str) -> str:
     cut = head
     last = None
     for m in _CLAUSE.finditer(head):
-        start = len(head[:m.start()].rstrip())
+        start = m.start()
+        while start > 0 and head[start - 1].isspace():  # the spaces before it (each run once: linear)
+            start -= 1
         if start > 0:
             last = start
     if last is not None:

@@ -35,7 +35,7 @@ _EXAMPLE_KEYS = {"log": ("text", "file", "events"), "env": ("snapshot", "events"
 
 
 def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
-             validate: bool = True) -> tuple[list[LazyPattern], list[str]]:
+             validate: bool = True, strict: bool = True) -> tuple[list[LazyPattern], list[str]]:
     """Check a pattern list (bounded, valid, and with the literal the prefilter needs)
     and wrap it; compiling waits until a log needs the pattern."""
     if isinstance(value, str):
@@ -55,7 +55,7 @@ def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
 
         for src in value:
             try:
-                check_bounded(src)
+                check_bounded(src, shapes=strict)
                 re.compile(src)
                 if need_literal:
                     literals.extend(required_literals(src))
@@ -112,18 +112,24 @@ def cache_form(rule: Rule) -> tuple[dict[str, Any], dict[str, list]]:
 
 
 def rule_from_cache(path: "str | Path", kw: dict[str, Any], pats: dict[str, list]) -> Rule:
-    """A Rule from its cache form (loading ~200 rules this way takes a few milliseconds)."""
+    """A Rule from its cache form (loading ~200 rules this way takes a few milliseconds).
+    Raises (TypeError, ValueError) on an entry of another shape: the caller parses the file."""
+    if set(kw) != set(_KW) or not isinstance(kw["id"], str) or not isinstance(kw["titles"], list) \
+            or not isinstance(kw["literals"], list) or type(kw["priority"]) is not int:
+        raise ValueError("a cache entry of another shape")
     return Rule(path=path, **kw, **{key: [LazyPattern(*p) for p in pats.get(key, ())] for key in _PATTERN_KEYS})
 
 
 def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = None,
-               derive_module: str | None = None, vocabulary: "Vocabulary | None" = None) -> Rule:
+               derive_module: str | None = None, vocabulary: "Vocabulary | None" = None,
+               strict: bool = True) -> Rule:
     """A Rule from one file's TOML data; RuleError says what is wrong.
 
     `literals` are the prefilter literals from an earlier, validated parse of the very
     same file (the compiled-rules cache): given them, the expensive pattern checks are
     skipped. With a `vocabulary`, every template placeholder must be a fact something
-    produces for this rule."""
+    produces for this rule. `strict` (a user's rule): the patterns' shapes are checked
+    too (engine.patterns.check_bounded); the built-in ones are fuzzed by the tests."""
     validated = literals is None
     rid = data.get("id")
     if not isinstance(rid, str) or not _ID.match(rid):
@@ -184,13 +190,13 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     if kind == "log":
         if "patterns" not in data:
             raise RuleError(path, rid, "a log rule needs 'patterns'")
-        rule.patterns, found = _compile(path, rid, "patterns", data["patterns"], True, validated)
+        rule.patterns, found = _compile(path, rid, "patterns", data["patterns"], True, validated, strict)
         if not rule.patterns:
             raise RuleError(path, rid, "'patterns' is empty")
         rule.literals = sorted(set(found)) if validated else list(literals or [])
         for key in ("unless", "requires", "excludes", "context"):
             if key in data:
-                setattr(rule, key, _compile(path, rid, key, data[key], False, validated)[0])
+                setattr(rule, key, _compile(path, rid, key, data[key], False, validated, strict)[0])
     if not rule.examples:
         raise RuleError(path, rid, "needs at least one [[example]] that must match")
     if not rule.near_misses:
@@ -251,8 +257,13 @@ def rule_dirs(extra: "list[str | Path] | None" = None) -> "list[Path]":
 
 def _rule_files(directory: "str | Path") -> list[str]:
     """Every *.toml under `directory`, sorted, found with os.scandir (pathlib's rglob
-    costs more than parsing a cached rule base)."""
+    costs more than parsing a cached rule base). Only regular files (a FIFO or a device
+    named x.toml would block the read); a symbolic link is followed only when it stays
+    inside the folder (a link to / would walk the whole filesystem), each folder once."""
     found: list[str] = []
+    root = os.path.realpath(str(directory))
+    inside = root.rstrip(os.sep) + os.sep
+    seen: set[str] = {root}
     stack = [str(directory)]
     while stack:
         d = stack.pop()
@@ -261,13 +272,27 @@ def _rule_files(directory: "str | Path") -> list[str]:
                 for entry in it:
                     if entry.name.startswith("."):
                         continue
-                    if entry.is_dir():
-                        stack.append(entry.path)
-                    elif entry.name.endswith(".toml"):
-                        found.append(entry.path)
+                    try:
+                        link = entry.is_symlink()
+                        if link:
+                            real = os.path.realpath(entry.path)
+                            if not real.startswith(inside):
+                                continue  # out of the rules folder
+                        if entry.is_dir():
+                            key = os.path.realpath(entry.path)
+                            if key not in seen:
+                                seen.add(key)
+                                stack.append(entry.path)
+                        elif entry.name.endswith(".toml") and entry.is_file():
+                            found.append(entry.path)
+                    except OSError:
+                        continue
         except OSError:
             continue
     return sorted(found)
+
+
+MAX_RULE_BYTES = 1 << 20  # a rule file is a few KB: a bigger one is not a rule
 
 
 def _read_toml(path: "str | Path") -> dict[str, Any]:
@@ -277,23 +302,32 @@ def _read_toml(path: "str | Path") -> dict[str, Any]:
         import tomli as tomllib
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            data = fh.read(MAX_RULE_BYTES + 1)
+        if len(data) > MAX_RULE_BYTES:
+            raise RuleError(path, None, f"is larger than {MAX_RULE_BYTES >> 20} MB: not a rule file")
+        return tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RuleError(path, None, f"is not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise RuleError(path, None, f"is not UTF-8 text: {exc}") from None
+    except RecursionError:
+        raise RuleError(path, None, "is nested too deeply to be a rule file") from None
     except OSError as exc:
         raise RuleError(path, None, f"cannot be read: {exc.strerror or exc}") from None
 
 
-def _stat_files(directory: "str | Path") -> list[tuple[str, int, int]]:
+def _stat_files(directory: "str | Path") -> list[tuple[str, str, int]]:
+    """(path, stat key, size) of each rule file. The stat key (inode, mtime, ctime) only
+    says whether the file may have changed since the cache hashed it: the cache trusts
+    the bytes' digest, not the modification time (`cp -p` and `rsync -t` keep that while
+    the rule changes; no tool can keep the ctime of a file it writes)."""
     out = []
     for p in _rule_files(directory):
         try:
             st = os.stat(p)
         except OSError:
             continue
-        out.append((p, st.st_mtime_ns, st.st_size))
+        out.append((p, f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}", st.st_size))
     return out
 
 
@@ -305,18 +339,23 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
     if not os.path.isdir(directory):
         raise RuleError(directory, None, "is not a folder of rules")
     cache = rulecache.get()
+    strict = os.path.realpath(directory) != os.path.realpath(_builtin_rules_dir())
     rules = []
-    for name, mtime_ns, size in (_files if _files is not None else _stat_files(directory)):
+    for name, stat_key, size in (_files if _files is not None else _stat_files(directory)):
         path = name  # a str: Rule.path makes the Path when someone asks for it
-        cached = cache.lookup(name, mtime_ns, size, checked=vocabulary is not None)
+        cached = cache.lookup(name, stat_key, size, checked=vocabulary is not None)
         if cached is not None:
-            rule = rule_from_cache(path, *cached)
-            rule._docs = (lambda name=name: cache.docs(name))
-            rules.append(rule)
-            continue
+            try:
+                rule = rule_from_cache(path, *cached)
+            except Exception:  # an entry of another shape (edited, another version): parse the file
+                rule = None
+            if rule is not None:
+                rule._docs = (lambda name=name: cache.docs(name))
+                rules.append(rule)
+                continue
         data = _read_toml(path)
-        rule = parse_rule(path, data, vocabulary=vocabulary)
-        cache.store(name, mtime_ns, size, data, *cache_form(rule), checked=vocabulary is not None)
+        rule = parse_rule(path, data, vocabulary=vocabulary, strict=strict)
+        cache.store(name, stat_key, size, data, *cache_form(rule), checked=vocabulary is not None)
         rules.append(rule)
     cache.save()
     return rules

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from ..findings import Evidence, Finding, Unrecognised, rank_findings
 from ..logtext import MAX_MATCH_CHARS, LogLine, Traceback
+from ..logtext.lines import _LazyRe
 from .assemble import assemble, supersede
 from .rule import Rule
 
@@ -21,9 +22,9 @@ MAX_EVIDENCE = 4
 MAX_EVIDENCE_CHARS = 400
 # Below this much text, one str.find per literal beats compiling an alternation.
 _SMALL_TEXT = 1 << 20
-_DIGITS = re.compile(r"\d+")
+_DIGITS = _LazyRe(r"\d+")
 # "torch.cuda.OutOfMemoryError: ..." and "OutOfMemoryError: ..." are the same message.
-_QUALIFIED = re.compile(r"^[\"']?(?:[A-Za-z_]\w{0,60}\.){1,8}(?=[A-Z]\w{0,80}:)")
+_QUALIFIED = _LazyRe(r"^[\"']?(?:[A-Za-z_]\w{0,60}\.){1,8}(?=[A-Z]\w{0,80}:)")
 
 
 class Hit:
@@ -113,9 +114,9 @@ def _first_match(rule: Rule, text: str, low: str) -> re.Match[str] | None:
 
 
 # A line cut by a hard wrap: what does not start a line of its own.
-_NEW_THING = re.compile(r"^(?:File \"|Traceback \(|During handling|The above exception|\[?[\w.]{0,60}(?:Error|Exception|Warning)\b|"
+_NEW_THING = _LazyRe(r"^(?:File \"|Traceback \(|During handling|The above exception|\[?[\w.]{0,60}(?:Error|Exception|Warning)\b|"
                         r"\d{4}-\d\d-\d\d|\[rank\d|#\d+ |[-=*#|>]{2})")
-_ENDS_WORD = re.compile(r"[A-Za-z0-9_]$")
+_ENDS_WORD = _LazyRe(r"[A-Za-z0-9_]$")
 MAX_JOIN = 3
 
 
@@ -154,7 +155,7 @@ def wrap_joins(lines: list[LogLine]) -> list[LogLine]:
     return out
 
 
-_EXCEPTION_START = re.compile(r"^[\w.]{0,80}(?:Error|Exception|Warning)\b:? ")
+_EXCEPTION_START = _LazyRe(r"^[\w.]{0,80}(?:Error|Exception|Warning)\b:? ")
 
 
 def _wrapped(a: LogLine, b: LogLine, width: int | None) -> bool:
@@ -262,9 +263,10 @@ class LogMatcher:
         finding's facts before its templates are rendered."""
         by_rule = self.hits(lines)
         findings: list[Finding] = []
-        explained: set[int] = set()
+        explained: set[int] = set()  # roots of the chains a finding explains, then every member
         tb_of: dict[int, int | None] = {}  # id(finding) -> index of its traceback
         tb_starts = [t.start for t in tracebacks]
+        roots = _chain_roots(tracebacks)
         whole = _WholeLog(lines)
         for ri, hits in by_rule.items():
             rule = self.rules[ri]
@@ -274,9 +276,11 @@ class LogMatcher:
                 continue
             if rule.excludes and any(whole.search(rx) for rx in rule.excludes):
                 continue
-            finding, t_i = self._finding(rule, hits, whole, tracebacks, tb_starts, explained, extra_facts)
+            finding, t_i = self._finding(rule, hits, whole, tracebacks, tb_starts, explained, extra_facts, roots)
             findings.append(finding)
             tb_of[id(finding)] = t_i
+        # a chain of exceptions is explained whole when one of its links is: one pass
+        explained = {i for i, r in enumerate(roots) if r in explained}
         findings = supersede(findings, self._by_id)
         _causes_first(findings, tb_of, tracebacks)
         unrecognised = _unrecognised(tracebacks, explained, findings)
@@ -291,7 +295,8 @@ class LogMatcher:
 
     def _finding(self, rule: Rule, hits: list[Hit], whole: "_WholeLog", tracebacks: list[Traceback],
                  tb_starts: list[int], explained: set[int],
-                 extra_facts: dict[str, Any] | None = None) -> tuple[Finding, int | None]:
+                 extra_facts: dict[str, Any] | None = None,
+                 roots: list[int] | None = None) -> tuple[Finding, int | None]:
         facts: dict[str, Any] = dict(hits[0].facts)
         for h in hits[1:]:
             for k, v in h.facts.items():
@@ -308,19 +313,11 @@ class LogMatcher:
             t_i = _traceback_of(h.line, tracebacks, tb_starts)
             if t_i is None:
                 continue
-            explained.add(t_i)
+            # the chain this traceback belongs to is explained: its root stands for it
+            # (findings() expands roots to members once; a walk per hit was quadratic)
+            explained.add(roots[t_i] if roots is not None else t_i)
             if tb is None:
                 tb, tb_index = tracebacks[t_i], t_i
-            # The chain this traceback belongs to is explained too.
-            j: int | None = t_i
-            while j is not None and tracebacks[j].chained_from is not None:
-                j = tracebacks[j].chained_from
-                if j is not None:
-                    explained.add(j)
-        # ... and any later traceback in a chain rooted at an explained one.
-        for i, t in enumerate(tracebacks):
-            if t.chained_from is not None and t.chained_from in explained:
-                explained.add(i)
         # One evidence line per distinct message (numbers masked); the rest is a count.
         evidence_lines: list[LogLine] = []
         kinds: set[str] = set()
@@ -408,6 +405,17 @@ def _traceback_of(line: LogLine, tracebacks: list[Traceback], tb_starts: list[in
                 and (t.stream == line.stream or t.stream is None or line.stream is None)):
             return j
     return None
+
+
+def _chain_roots(tracebacks: list[Traceback]) -> list[int]:
+    """The root (first link) of the chain of every traceback, in one pass: a link names an
+    earlier traceback (segment() sorts by start), so its root is already known; a link to
+    a later or unknown one (never made by segment()) makes a root of its own."""
+    roots: list[int] = []
+    for i, t in enumerate(tracebacks):
+        j = t.chained_from
+        roots.append(roots[j] if isinstance(j, int) and 0 <= j < i else i)
+    return roots
 
 
 def _chain_root(i: int, tracebacks: list[Traceback]) -> tuple[int, int]:

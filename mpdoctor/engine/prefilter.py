@@ -9,7 +9,7 @@ match; the scan is case-insensitive (the matcher's second chance folds case), a 
 of a fixed run may be a line break (a paste wrapped at a space: the matcher joins the
 lines again), and it reads the chunk with the paste folds the normaliser applies
 (markdown marks and URL-encoding undone: scan.paste_view). Not covered: a word split in
-the middle by a wrap, which the matcher rejoins only in logs read whole (16 MB and less,
+the middle by a wrap, which the matcher rejoins only in logs read whole (4 MB and less,
 every paste).
 """
 

@@ -3,8 +3,9 @@ between runs so that `mpdoctor explain` starts like a small script.
 
 Reading a hundred TOML files and checking every pattern (bounded? which literal does
 it need?) costs a few hundred milliseconds; loading this cache costs about one. An
-entry is used only while its file has the same path, size and modification time,
-and the whole cache is dropped when mpdoctor, Python, or the engine code that derives
+entry is used only while its file has the same path, size and content (a digest of its
+bytes: a rule edited with the same size and modification time, as `cp -p` or `rsync -t`
+leave it, is read again), an entry of the wrong shape is ignored, and the whole cache is dropped when mpdoctor, Python, or the engine code that derives
 literals changes. It lives in the user's cache folder (MPDOCTOR_CACHE_DIR,
 $XDG_CACHE_HOME/mpdoctor or ~/.cache/mpdoctor); MPDOCTOR_NO_CACHE=1 turns it off, and
 a folder that cannot be written only means no cache.
@@ -17,10 +18,20 @@ import os
 import sys
 from typing import Any
 
-_FORMAT = 10
+_FORMAT = 12
 # kept in a second file, read only when a finding or a rule page needs them
 _DOC_KEYS = ("doc", "example", "near_miss", "explanation", "fixes", "references", "summary", "versions",
              "unrendered")
+
+
+def digest(data: bytes) -> str:
+    """The content digest of a rule file (blake2b from its C module: hashlib would load
+    OpenSSL, ten milliseconds of `explain`'s start)."""
+    try:
+        from _blake2 import blake2b
+    except ImportError:  # pragma: no cover - a Python built without it
+        from hashlib import blake2b
+    return blake2b(data, digest_size=16).hexdigest()
 
 
 class _Dir(str):
@@ -77,7 +88,8 @@ def _stamp() -> str:
 class RuleCache:
     def __init__(self, path: _Dir | None):
         self.path = path
-        self.entries: dict[str, tuple[int, int, dict[str, Any], dict[str, Any], bool]] = {}
+        # path -> (digest, size, kw, pats, checked, stat key when hashed, when hashed)
+        self.entries: dict[str, tuple] = {}
         self.dirty = False
         self.stamp = _stamp() if path is not None else ""
         self._docs: dict[str, dict[str, Any]] | None = None
@@ -85,9 +97,9 @@ class RuleCache:
         if path is not None:
             try:
                 blob = marshal.loads(path.read_bytes())
-                if isinstance(blob, dict) and blob.get("stamp") == self.stamp:
+                if isinstance(blob, dict) and blob.get("stamp") == self.stamp and isinstance(blob.get("entries"), dict):
                     self.entries = blob["entries"]
-            except (OSError, ValueError, EOFError, TypeError, KeyError):
+            except Exception:  # unreadable, truncated, another format: no cache
                 self.entries = {}
 
     def _load_docs_file(self) -> dict[str, dict[str, Any]]:
@@ -96,9 +108,9 @@ class RuleCache:
             if self.path is not None:
                 try:
                     blob = marshal.loads(self.path.with_name("rules-docs.marshal").read_bytes())
-                    if isinstance(blob, dict) and blob.get("stamp") == self.stamp:
+                    if isinstance(blob, dict) and blob.get("stamp") == self.stamp and isinstance(blob.get("docs"), dict):
                         self._docs = blob["docs"]
-                except (OSError, ValueError, EOFError, TypeError, KeyError):
+                except Exception:
                     pass
         return self._docs
 
@@ -108,24 +120,50 @@ class RuleCache:
         if key in self._new_docs:
             return self._new_docs[key]
         docs = self._load_docs_file()
-        if key not in docs:  # the docs file is gone or stale: read the rule again
+        if not isinstance(docs.get(key), dict):  # the docs file is gone, stale or odd: read the rule again
             from .loader import _read_toml
 
             data = _read_toml(file)
             return {k: data[k] for k in _DOC_KEYS if k in data}
         return docs[key]
 
-    def lookup(self, file: str, mtime_ns: int, size: int,
+    def lookup(self, file: str, stat_key: str, size: int,
                checked: bool = False) -> tuple[dict[str, Any], dict[str, list]] | None:
-        """The cached rule of `file` (see loader.cache_form), if made from this mtime and
-        size; with `checked`, only one whose placeholders were checked against the fact
-        vocabulary when it was parsed."""
-        entry = self.entries.get(os.path.abspath(file))
-        if entry is None or (mtime_ns, size) != (entry[0], entry[1]) or (checked and not entry[4]):
+        """The cached rule of `file` (see loader.cache_form), if made from the bytes the
+        file holds now; with `checked`, only one whose placeholders were checked against
+        the fact vocabulary when it was parsed. An entry of any other shape is no entry.
+
+        The bytes are hashed again unless the file's stat key (inode, mtime, ctime) is
+        the one seen when they were last hashed and that ctime was clearly before it (a
+        write within the same clock tick could otherwise go unseen, as git's racy index)."""
+        key = os.path.abspath(file)
+        entry = self.entries.get(key)
+        if (not isinstance(entry, tuple) or len(entry) != 7 or not isinstance(entry[2], dict)
+                or not isinstance(entry[3], dict) or entry[1] != size or (checked and entry[4] is not True)):
             return None
+        if entry[5] != stat_key or not self._settled(stat_key, entry[6]):
+            try:
+                with open(file, "rb") as fh:
+                    content = digest(fh.read())
+            except OSError:
+                return None
+            if content != entry[0]:
+                return None
+            import time
+
+            self.entries[key] = entry[:5] + (stat_key, time.time_ns())
+            self.dirty = True
         return entry[2], entry[3]
 
-    def store(self, file: str, mtime_ns: int, size: int, data: dict[str, Any], kw: dict[str, Any],
+    @staticmethod
+    def _settled(stat_key: str, hashed_at: object) -> bool:
+        try:
+            ctime_ns = int(stat_key.rsplit(":", 1)[1])
+        except (ValueError, IndexError):
+            return False
+        return isinstance(hashed_at, int) and ctime_ns < hashed_at - 2_000_000_000
+
+    def store(self, file: str, stat_key: str, size: int, data: dict[str, Any], kw: dict[str, Any],
               pats: dict[str, list], checked: bool = False) -> None:
         if self.path is None:
             return
@@ -135,7 +173,14 @@ class RuleCache:
         except ValueError:
             return
         key = os.path.abspath(file)
-        self.entries[key] = (mtime_ns, size, kw, pats, checked)
+        try:
+            with open(file, "rb") as fh:
+                content = digest(fh.read())
+        except OSError:
+            return
+        import time
+
+        self.entries[key] = (content, size, kw, pats, checked, stat_key, time.time_ns())
         self._new_docs[key] = docs
         self.dirty = True
 

@@ -11,7 +11,9 @@ from .lines import LogLine, _HEAD, _LazyRe
 
 
 # Rich box borders (rich.traceback, rich logging with tracebacks, typer, accelerate).
-_BOX_TOP = _LazyRe(r"^\s*[╭┏╔]─*\s*(?P<title>.*?)\s*─*[╮┓╗]\s*$")
+# The top border "╭──── Traceback ────╮" is read by _box_title with str methods: a
+# regular expression for it (─*\s*(.*?)\s*─*) backtracks cubically on "╭" + spaces.
+_BOX_CORNERS = ("╭┏╔", "╮┓╗")
 
 
 _BOX_TOP_ASCII = _LazyRe(r"^\s*\+-+ ?(?P<title>Traceback \(most recent call last\)) ?-+\+\s*$")
@@ -224,12 +226,12 @@ def _box_line(st: _Stream, body: str, no: int, rank: int | None, cleaned: str, s
     stripped = body.strip()
     if len(stripped) > 2000:  # wider than any terminal: not a box line
         return False
-    top = _BOX_TOP.match(stripped) or _BOX_TOP_ASCII.match(stripped)
-    if top and (st.box is None or "Traceback" in top.group("title")):
+    title = _box_title(stripped)
+    if title is not None and (st.box is None or "Traceback" in title):
         flush_box(st)
         flush_message(st)
         st.box = _Box(width=len(stripped))
-        if "Traceback" in top.group("title"):
+        if "Traceback" in title:
             out.append(LogLine(no, "Traceback (most recent call last):", rank, cleaned, stream))
         return True
     if st.box is None:
@@ -259,6 +261,18 @@ def _box_line(st: _Stream, body: str, no: int, rank: int | None, cleaned: str, s
         st.box.lines.append(LogLine(no, inner, rank, cleaned, stream))
         return True
     return False
+
+
+def _box_title(stripped: str) -> str | None:
+    """The title of a box's top border ("╭─── Traceback ───╮" -> "Traceback"), or None
+    when `stripped` is not one. Linear: string methods, no backtracking."""
+    if len(stripped) >= 2 and stripped[0] in _BOX_CORNERS[0] and stripped[-1] in _BOX_CORNERS[1]:
+        return stripped[1:-1].lstrip("─").lstrip().rstrip("─").rstrip()
+    if stripped[:1] == "+":
+        m = _BOX_TOP_ASCII.match(stripped)
+        if m:
+            return m.group("title")
+    return None
 
 
 def _starts_structure(text: str) -> bool:

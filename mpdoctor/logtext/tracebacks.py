@@ -29,6 +29,10 @@ _FRAME_FORMS = (
 )
 
 
+# What each frame form cannot match without.
+_FRAME_NEEDS = (("File", "文件"), ("File ",), ("Cell ",), ("<ipython-input",), (".py:",), (".py:",), (".py in ",))
+
+
 _ARROW = _LazyRe(r"^\s*-{1,4}> ?(?P<line>\d{1,7})\b")  # IPython's "----> 12 train()"
 
 
@@ -114,7 +118,9 @@ def parse_frame(text: str, no: int) -> Frame | None:
     head = text[:_HEAD]
     if "File" not in head and ".py" not in head and "In" not in head and "ipython" not in head and "文件" not in head:
         return None
-    for rx in _FRAME_FORMS:
+    for needs, rx in zip(_FRAME_NEEDS, _FRAME_FORMS):
+        if not any(n in head for n in needs):
+            continue  # (a form is compiled only for a line that can be one)
         m = rx.match(head)
         if m:
             d = m.groupdict()

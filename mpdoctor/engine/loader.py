@@ -128,8 +128,8 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     `literals` are the prefilter literals from an earlier, validated parse of the very
     same file (the compiled-rules cache): given them, the expensive pattern checks are
     skipped. With a `vocabulary`, every template placeholder must be a fact something
-    produces for this rule. `strict` (a user's rule): the patterns' shapes are checked
-    too (engine.patterns.check_bounded); the built-in ones are fuzzed by the tests."""
+    produces for this rule. `strict` (every rule, built-in or a user's): the patterns'
+    shapes are checked too (engine.patterns.check_bounded)."""
     validated = literals is None
     rid = data.get("id")
     if not isinstance(rid, str) or not _ID.match(rid):
@@ -339,7 +339,6 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
     if not os.path.isdir(directory):
         raise RuleError(directory, None, "is not a folder of rules")
     cache = rulecache.get()
-    strict = os.path.realpath(directory) != os.path.realpath(_builtin_rules_dir())
     rules = []
     for name, stat_key, size in (_files if _files is not None else _stat_files(directory)):
         path = name  # a str: Rule.path makes the Path when someone asks for it
@@ -354,7 +353,7 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
                 rules.append(rule)
                 continue
         data = _read_toml(path)
-        rule = parse_rule(path, data, vocabulary=vocabulary, strict=strict)
+        rule = parse_rule(path, data, vocabulary=vocabulary)
         cache.store(name, stat_key, size, data, *cache_form(rule), checked=vocabulary is not None)
         rules.append(rule)
     cache.save()

@@ -194,6 +194,8 @@ def main() -> int:
     ap.add_argument("--scan-runs", type=int, default=3)
     ap.add_argument("--only-scan", action="store_true", help="run part 3 only")
     ap.add_argument("--only-start", action="store_true", help="run part 1 only")
+    ap.add_argument("--module", action="store_true",
+                    help="run `python -m mpdoctor` rather than the installed console script")
     args = ap.parse_args()
     if args.only_scan:
         scan_log = Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.scan_mb}MB.log"
@@ -203,12 +205,14 @@ def main() -> int:
 
     mpdoctor = [PY, "-m", "mpdoctor"]
     console_script = Path(PY).with_name("mpdoctor")
-    if console_script.exists():
+    if console_script.exists() and not args.module:
         mpdoctor = [str(console_script)]
     # Installed packages have their bytecode compiled (pip does it); a checkout run with
     # PYTHONDONTWRITEBYTECODE would recompile mpdoctor on every start, unlike rich.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, mpdoctor from {ROOT}")
+    print(f"command: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(mpdoctor))} explain LOG; "
+          f"bytecode caches on (PYTHONDONTWRITEBYTECODE{' was set, unset' if 'PYTHONDONTWRITEBYTECODE' in os.environ else ' not set'} for the runs)")
 
     with tempfile.TemporaryDirectory() as tmp:
         tb = Path(tmp) / "traceback.log"

@@ -18,7 +18,9 @@ The Python API (the command line is `mpdoctor --help`)::
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["Finding", "Report", "Watcher", "__version__", "print_findings", "render_findings", "watch"]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
-from typing import Any, Sequence
+
+TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, Sequence
 
 from . import __version__
 from .commands import COMMANDS, EXIT_CODES, guarded, load
@@ -27,7 +31,49 @@ examples:
 """
 
 
-def add_output_options(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("terminal", "json", "markdown", "oneline"),
+def _terminal_columns() -> int:
+    """`shutil.get_terminal_size().columns`, as argparse asks it for every parser and
+    argument, without importing shutil (with bz2, lzma, zlib: a few ms of the start)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+_FORMATTERS: tuple[type, type] | None = None
+
+
+def formatters() -> tuple[type, type]:
+    """argparse's HelpFormatter and RawDescriptionHelpFormatter, the width found as
+    argparse finds it (less 2), minus the import of shutil; made on first use, so that
+    the fast path of `explain` (below) does not import argparse."""
+    global _FORMATTERS
+    if _FORMATTERS is None:
+        import argparse
+
+        class HelpFormatter(argparse.HelpFormatter):
+            def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                         width: int | None = None, **kwargs: Any) -> None:
+                super().__init__(prog, indent_increment, max_help_position,
+                                 _terminal_columns() - 2 if width is None else width, **kwargs)
+
+        class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+            pass
+
+        _FORMATTERS = (HelpFormatter, RawDescriptionHelpFormatter)
+    return _FORMATTERS
+
+
+OUTPUT_FORMATS = ("terminal", "json", "markdown", "oneline")
+
+
+def add_output_options(p: argparse.ArgumentParser, formats: tuple[str, ...] = OUTPUT_FORMATS,
                        report_options: bool = True) -> None:
     """--format and --rules, which every face that reports findings takes; with
     `report_options`, also --anonymize and -v (faces whose output carries the user's
@@ -49,9 +95,12 @@ def add_output_options(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the chosen command's module is imported for its options (the
     others get their name and summary: `explain` must not pay for `probe`'s parser)."""
+    import argparse
+
+    HelpFormatter, RawDescriptionHelpFormatter = formatters()
     parser = argparse.ArgumentParser(
         prog="mpdoctor", description=MAIN_HELP, epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mpdoctor {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -59,16 +108,54 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is None or only == name:
             module = load(name)
             p = sub.add_parser(name, help=summary, description=module.DESCRIPTION, epilog=module.EPILOG,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+                               formatter_class=RawDescriptionHelpFormatter)
             module.add_arguments(p)
             p.set_defaults(_main=module.main)
         else:
-            sub.add_parser(name, help=summary)
+            sub.add_parser(name, help=summary, formatter_class=HelpFormatter)
     return parser
+
+
+def fast_explain_args(argv: list[str]) -> Any:
+    """The arguments of the most common call, `mpdoctor explain PATH` with any of
+    `--format F`, `--format=F`, `--anonymize`, `-v`/`--verbose`, `--here`, read without
+    argparse (its import and the parser cost a few ms of explain's start); the same
+    values argparse gives (tests/test_cli_fast.py holds them equal). None for anything
+    else (help, other options, abbreviations, errors): argparse reads it."""
+    if not argv or argv[0] != "explain":
+        return None
+    path = None
+    values: dict[str, Any] = {"format": "terminal", "anonymize": False, "verbose": False, "here": False}
+    flags = {"--anonymize": "anonymize", "-v": "verbose", "--verbose": "verbose", "--here": "here"}
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in flags:
+            values[flags[arg]] = True
+        elif arg == "--format" and i + 1 < len(argv) and argv[i + 1] in OUTPUT_FORMATS:
+            values["format"] = argv[i + 1]
+            i += 1
+        elif arg.startswith("--format=") and arg[9:] in OUTPUT_FORMATS:
+            values["format"] = arg[9:]
+        elif path is None and (arg == "-" or (arg and not arg.startswith("-"))):
+            path = arg
+        else:
+            return None
+        i += 1
+    if path is None:
+        return None
+    from types import SimpleNamespace
+
+    from .commands.explain import main as explain_main
+
+    return SimpleNamespace(command="explain", path=path, rules=[], snapshot=None, _main=explain_main, **values)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    fast = fast_explain_args(argv)
+    if fast is not None:
+        return guarded(fast._main, fast)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in COMMANDS else None)
     args: Any = parser.parse_args(argv)

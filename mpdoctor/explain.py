@@ -7,16 +7,18 @@ machine where those are broken.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any
+
+    from .scan import Progress
 
 from .engine.match import LogMatcher
 from .engine.rule import Rule
 from .findings import Report
 from .logtext import LogLine, normalise, segment
-from .scan import Progress, read_log
+from .scan import read_log
 
 # The matcher of the last few rule lists (the list is kept, so its id stays its own).
 _MATCHERS: dict[int, tuple[list[Rule], LogMatcher]] = {}

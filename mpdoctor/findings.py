@@ -1,13 +1,36 @@
 """The one findings model every face of mpdoctor ends in.
 
-Plain data: dataclasses that serialise to the stable JSON contract. Nothing here
-imports torch, accelerate or rich.
+Plain data that serialises to the stable JSON contract. Nothing here imports torch,
+accelerate or rich, and no dataclasses: creating a dataclass costs about a millisecond
+at import (and `dataclasses` pulls in `inspect`), and `mpdoctor explain` must start like
+a small script. The classes behave as the dataclasses they were: keyword or positional
+construction in field order, `==` over the compared fields (same class only), a
+`Name(field=value, ...)` repr, unhashable; `Finding.__init__` ends in `__post_init__`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+TYPE_CHECKING = False  # `typing` is not imported at run time (a few ms of the start)
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class _Record:
+    """`==` and repr of a dataclass over the names in `_COMPARE` / `_REPR`."""
+
+    _COMPARE: tuple[str, ...] = ()
+    _REPR: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return tuple(getattr(self, k) for k in self._COMPARE) == tuple(getattr(other, k) for k in other._COMPARE)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value: as a dataclass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__qualname__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self._REPR)})"
+
 
 # The category contract (docs/categories.md). Order is the table's order.
 CATEGORIES: tuple[str, ...] = (
@@ -41,8 +64,7 @@ SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
 SEVERITY_ORDER = {name: i for i, name in enumerate(SEVERITIES)}
 
 
-@dataclass
-class Evidence:
+class Evidence(_Record):
     """One line or value a finding rests on.
 
     `line` is the 1-based line number in the input (None for values read from an
@@ -50,41 +72,61 @@ class Evidence:
     snapshot field path such as "torch.devices[0].capability".
     """
 
-    text: str
-    line: int | None = None
-    source: str = "log"
+    _COMPARE = _REPR = ("text", "line", "source")
+
+    def __init__(self, text: str, line: int | None = None, source: str = "log") -> None:
+        self.text = text
+        self.line = line
+        self.source = source
 
     def to_dict(self) -> dict[str, Any]:
         return {"line": self.line, "text": self.text, "source": self.source}
 
 
-@dataclass
-class Finding:
-    rule: str
-    category: str
-    severity: str
-    title: str
-    explanation: str = ""
-    fixes: list[str] = field(default_factory=list)
-    evidence: list[Evidence] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
-    references: list[str] = field(default_factory=list)
-    # How many times the same finding was seen (e.g. the same traceback on 8 ranks).
-    count: int = 1
-    ranks: list[int] = field(default_factory=list)
-    # A consequence (ChildFailedError, a rank killed because another died) ranks
-    # below the causes of the same severity.
-    consequence: bool = False
-    priority: int = 50
-    # the facts with the `_helper` ones, as the templates saw them (engine.assemble keeps
-    # them so that a merge can re-render); never serialised
-    all_facts: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+class Finding(_Record):
+    """A rule's finding. `count`: how many times the same finding was seen (the same
+    traceback on 8 ranks). `consequence`: a ChildFailedError, a rank killed because
+    another died; it ranks below the causes of the same severity. `all_facts`: the
+    facts with the `_helper` ones, as the templates saw them (engine.assemble keeps them
+    so that a merge can re-render); never serialised, compared or shown in the repr."""
+
+    _COMPARE = _REPR = ("rule", "category", "severity", "title", "explanation", "fixes", "evidence", "facts",
+                        "references", "count", "ranks", "consequence", "priority")
+
+    def __init__(self, rule: str, category: str, severity: str, title: str, explanation: str = "",
+                 fixes: list[str] | None = None, evidence: list[Evidence] | None = None,
+                 facts: dict[str, Any] | None = None, references: list[str] | None = None, count: int = 1,
+                 ranks: list[int] | None = None, consequence: bool = False, priority: int = 50,
+                 all_facts: dict[str, Any] | None = None) -> None:
+        self.rule = rule
+        self.category = category
+        self.severity = severity
+        self.title = title
+        self.explanation = explanation
+        self.fixes = [] if fixes is None else fixes
+        self.evidence = [] if evidence is None else evidence
+        self.facts = {} if facts is None else facts
+        self.references = [] if references is None else references
+        self.count = count
+        self.ranks = [] if ranks is None else ranks
+        self.consequence = consequence
+        self.priority = priority
+        self.all_facts = all_facts
+        self.__post_init__()  # tests/conftest.py wraps it to record every rule id made
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"unknown category {self.category!r} (see categories.md)")
         if self.severity not in SEVERITIES:
             raise ValueError(f"unknown severity {self.severity!r}")
+
+    def replace(self, **changes: Any) -> Finding:
+        """A copy with `changes`, as dataclasses.replace made it (the renderers' scrubbed
+        copy): the same finding, not a new one."""
+        kw = {k: getattr(self, k) for k in self._COMPARE}
+        kw["all_facts"] = self.all_facts
+        kw.update(changes)
+        return type(self)(**kw)
 
     @property
     def first_line(self) -> int:
@@ -125,18 +167,24 @@ class Finding:
         )
 
 
-@dataclass
-class Unrecognised:
-    """An exception no rule knows: reported with its line and the user frame."""
+class Unrecognised(_Record):
+    """An exception no rule knows: reported with its line and the user frame; `ranks`
+    the ranks it was seen on."""
 
-    exception: str
-    line: int
-    user_frame: str | None = None
-    count: int = 1
-    ranks: list[int] = field(default_factory=list)  # the ranks it was seen on
+    _COMPARE = _REPR = ("exception", "line", "user_frame", "count", "ranks")
+
+    def __init__(self, exception: str, line: int, user_frame: str | None = None, count: int = 1,
+                 ranks: list[int] | None = None) -> None:
+        self.exception = exception
+        self.line = line
+        self.user_frame = user_frame
+        self.count = count
+        self.ranks = [] if ranks is None else ranks
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # as dataclasses.asdict made it: the fields in order, the list copied
+        return {"exception": self.exception, "line": self.line, "user_frame": self.user_frame,
+                "count": self.count, "ranks": list(self.ranks)}
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
@@ -152,18 +200,22 @@ def has_error(findings: list[Finding]) -> bool:
     return any(f.severity == "error" for f in findings)
 
 
-@dataclass
-class Report:
-    """What a face hands to the renderers."""
+class Report(_Record):
+    """What a face hands to the renderers. `extra`: top-level keys a face adds to its
+    JSON (check's checklist, run's exit code). `quiet_rules`: rules whose findings alone
+    are no reason to speak after a run that went well (summaries, notes about mpdoctor
+    itself); not serialised, compared or shown in the repr."""
 
-    findings: list[Finding]
-    input: dict[str, Any] = field(default_factory=dict)
-    unrecognised: list[Unrecognised] = field(default_factory=list)
-    # Extra top-level keys a face adds to its JSON (check's checklist, run's exit code).
-    extra: dict[str, Any] = field(default_factory=dict)
-    # rules whose findings alone are no reason to speak after a run that went well
-    # (summaries, notes about mpdoctor itself); not serialised
-    quiet_rules: set[str] = field(default_factory=set, repr=False, compare=False)
+    _COMPARE = _REPR = ("findings", "input", "unrecognised", "extra")
+
+    def __init__(self, findings: list[Finding], input: dict[str, Any] | None = None,
+                 unrecognised: list[Unrecognised] | None = None, extra: dict[str, Any] | None = None,
+                 quiet_rules: set[str] | None = None) -> None:
+        self.findings = findings
+        self.input = {} if input is None else input
+        self.unrecognised = [] if unrecognised is None else unrecognised
+        self.extra = {} if extra is None else extra
+        self.quiet_rules = set() if quiet_rules is None else quiet_rules
 
     @property
     def has_error(self) -> bool:

@@ -19,7 +19,10 @@ secret bytes become `<redacted>`; everything around them, line numbers included,
 `--anonymize` (every face) also replaces the home directory with `~` and the user and
 host names with `<user>` / `<host>`.
 
-Cheap to import: `re` and `os` only.
+Cheap to import: `re` and `os` only, and no pattern is compiled at import: each is
+compiled the first time it is needed, and `redact_text` runs a pattern only on text
+holding what every match of it must hold (a `://`, an `=`, a token's prefix), so that
+`mpdoctor explain` on a short traceback compiles and runs few of them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,22 @@ from __future__ import annotations
 import os
 import re
 from typing import Any, Callable
+
+
+
+class _Lazy:
+    """A module-level pattern compiled on first use; then its methods are plain
+    attributes, as fast as the compiled pattern's own."""
+
+    def __init__(self, pattern: str, flags: int = 0):
+        self._args = (pattern, flags)
+
+    def __getattr__(self, name: str) -> Any:
+        rx = re.compile(*self._args)
+        for method in ("match", "search", "sub", "split", "finditer", "findall", "fullmatch", "pattern", "flags"):
+            self.__dict__[method] = getattr(rx, method)
+        return getattr(rx, name)
+
 
 REDACTED = "<redacted>"
 USER = "<user>"
@@ -45,7 +64,7 @@ _SECRET_WORDS = frozenset({
 _NOT_SECRET = frozenset({"pytorch_kernel_cache_path", "keyboard", "xauthority", "token_type_ids",
                          "key_dtype", "sort_key", "primary_key"})
 _SECRET_PREFIX = ("aws_", "azure_", "google_application_credentials")
-_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+_WORD_SPLIT = _Lazy(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
 def _words(name: str) -> list[str]:
@@ -108,7 +127,7 @@ def _is_secret_name_in_text(name: str) -> bool:
 # --- text ----------------------------------------------------------------------------
 
 _NB = r"(?<![A-Za-z0-9])"  # not glued to a letter or digit before; `_`, `/`, `-` are fine
-_TOKEN_SHAPES = re.compile(
+_TOKEN_SHAPES = _Lazy(
     "|".join([
         _NB + r"hf_[A-Za-z0-9]{16,}",
         _NB + r"api_org_[A-Za-z0-9]{16,}",
@@ -129,22 +148,26 @@ _TOKEN_SHAPES = re.compile(
         r"(?<=discord\.com/api/webhooks/)[0-9]+/[A-Za-z0-9_-]{20,}",
     ])
 )
-_BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])(?P<scheme>bearer|basic|token)(?P<sp>\s+)(?P<val>[A-Za-z0-9._~+/=-]{12,})")
-_WANDB_LOGIN = re.compile(r"(?i)(?P<pre>wandb\s+login\s+(?:--relogin\s+)?)(?P<val>[0-9a-f]{40})(?![0-9a-f])")
+# what every match of _TOKEN_SHAPES holds, one of these (case as in the pattern)
+_TOKEN_LITERALS = ("hf_", "api_org_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "sk-", "k_live_",
+                   "k_test_", "xox", "xapp-", "AKIA", "ASIA", "AIza", "glpat-", "pypi-", "npm_", "eyJ", "r8_",
+                   "gsk_", "hooks.slack.com/services/", "discord.com/api/webhooks/")
+_BEARER = _Lazy(r"(?i)(?<![A-Za-z0-9])(?P<scheme>bearer|basic|token)(?P<sp>\s+)(?P<val>[A-Za-z0-9._~+/=-]{12,})")
+_WANDB_LOGIN = _Lazy(r"(?i)(?P<pre>wandb\s+login\s+(?:--relogin\s+)?)(?P<val>[0-9a-f]{40})(?![0-9a-f])")
 # scheme://CRED@ ; CRED runs to the last @ before the path
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<cred>[^/\s?#\"'<>@]+(?:@[^/\s?#\"'<>@]+)*)@")
-_QUERY = re.compile(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.\[\]-]{1,64})=)(?P<val>[^&#\s\"'<>]+)")
+_URL_CREDENTIALS = _Lazy(r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<cred>[^/\s?#\"'<>@]+(?:@[^/\s?#\"'<>@]+)*)@")
+_QUERY = _Lazy(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.\[\]-]{1,64})=)(?P<val>[^&#\s\"'<>]+)")
 # name = value / name: value / "name": "value" / name='value' (a word start only: linear).
 # Only the head (name and separator) is matched; the value is read after it, so that a
 # plain `code: /x/run_HF_TOKEN=...` does not swallow the secret assignment inside it.
-_ASSIGN_HEAD = re.compile(
+_ASSIGN_HEAD = _Lazy(
     r"(?<![A-Za-z0-9_.$-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,80})(?P<q1>[\"']?)(?P<sep>[ \t]{0,3}(?:=>|[:=])[ \t]{0,3})"
 )
 # --flag value / --flag=value / -flag value inside a line
-_FLAG_HEAD = re.compile(r"(?<![A-Za-z0-9-])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]{0,80})(?P<sep>=|[ \t]+)")
-_VALUE_QUOTED = re.compile(r"([\"'])([^\"'\n]*)\1")
-_VALUE_BARE = re.compile(r"[^\s\"',;&)}\]>]+")
-_VALUE_ARG = re.compile(r"[^\s\"',;)\]}>-][^\s\"',;)\]}>]*")
+_FLAG_HEAD = _Lazy(r"(?<![A-Za-z0-9-])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]{0,80})(?P<sep>=|[ \t]+)")
+_VALUE_QUOTED = _Lazy(r"([\"'])([^\"'\n]*)\1")
+_VALUE_BARE = _Lazy(r"[^\s\"',;&)}\]>]+")
+_VALUE_ARG = _Lazy(r"[^\s\"',;)\]}>-][^\s\"',;)\]}>]*")
 _HARMLESS_VALUES = frozenset({"none", "null", "true", "false", "", "0", "1", "yes", "no", "bearer", "basic",
                               "<redacted>", "***", "[redacted]"})
 
@@ -160,7 +183,7 @@ def _metavar(name: str, value: str) -> bool:
     return value.replace("-", "_").upper() == norm and value.isupper()
 
 
-def _redact_named(text: str, head: re.Pattern, is_secret: Callable[[str], bool], bare: re.Pattern) -> str:
+def _redact_named(text: str, head: _Lazy, is_secret: Callable[[str], bool], bare: _Lazy) -> str:
     out: list[str] = []
     pos = 0
     for m in head.finditer(text):
@@ -191,7 +214,7 @@ def _sub_query(m: re.Match) -> str:
     return m.group("pre") + REDACTED
 
 
-_PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----)[^-]{0,20000}(-----END )")
+_PRIVATE_KEY = _Lazy(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----)[^-]{0,20000}(-----END )")
 
 
 def redact_text(text: str) -> str:
@@ -199,21 +222,32 @@ def redact_text(text: str) -> str:
     breaks, positions of other words) unchanged."""
     if not text or not isinstance(text, str):
         return text
+    # Each pattern runs only where its match could be: on text holding the literal every
+    # match of it holds (its own case; the caseless ones judged on ASCII text only, where
+    # lower() folds as the pattern does).
     if "PRIVATE KEY" in text:
         text = _PRIVATE_KEY.sub(lambda m: m.group(1) + REDACTED + m.group(2), text)
-    text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
-    text = _QUERY.sub(_sub_query, text)
-    text = _TOKEN_SHAPES.sub(REDACTED, text)
-    text = _BEARER.sub(lambda m: m.group("scheme") + m.group("sp") + REDACTED, text)
-    text = _WANDB_LOGIN.sub(lambda m: m.group("pre") + REDACTED, text)
-    text = _redact_named(text, _FLAG_HEAD, _is_secret_name_in_text, _VALUE_ARG)
-    text = _redact_named(text, _ASSIGN_HEAD, _is_secret_name_in_text, _VALUE_BARE)
+    if "://" in text and "@" in text:
+        text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
+    if "=" in text:
+        text = _QUERY.sub(_sub_query, text)
+    if any(lit in text for lit in _TOKEN_LITERALS):
+        text = _TOKEN_SHAPES.sub(REDACTED, text)
+    low = text.lower() if text.isascii() else None
+    if low is None or "bearer" in low or "basic" in low or "token" in low:
+        text = _BEARER.sub(lambda m: m.group("scheme") + m.group("sp") + REDACTED, text)
+    if low is None or "wandb" in low:
+        text = _WANDB_LOGIN.sub(lambda m: m.group("pre") + REDACTED, text)
+    if "-" in text:
+        text = _redact_named(text, _FLAG_HEAD, _is_secret_name_in_text, _VALUE_ARG)
+    if "=" in text or ":" in text:
+        text = _redact_named(text, _ASSIGN_HEAD, _is_secret_name_in_text, _VALUE_BARE)
     return text
 
 
 # --- structures ----------------------------------------------------------------------
 
-_FLAG_NAME = re.compile(r"--?[A-Za-z][A-Za-z0-9_.-]{0,80}")
+_FLAG_NAME = _Lazy(r"--?[A-Za-z][A-Za-z0-9_.-]{0,80}")
 
 
 def redact_argv(argv: list[Any]) -> list[Any]:
@@ -277,7 +311,7 @@ def redact_obj(obj: Any, *, by_name: bool = True) -> Any:
 
 
 # environment names run words together (HUBTOKEN, MYAPIKEY): parts of words count there
-_ENV_SECRET = re.compile(r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|"
+_ENV_SECRET = _Lazy(r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|"
                          r"AUTH(?!OR)|_PASS$|_PWD$|SESSION_?KEY|WEBHOOK")
 
 
@@ -327,7 +361,7 @@ def _default_host() -> str:
         return ""
 
 
-_OTHER_HOMES = re.compile(r"(?P<pre>(?<![A-Za-z0-9_.-])(?:/home/|/Users/|/export/home/|[A-Za-z]:\\Users\\|[A-Za-z]:/Users/))"
+_OTHER_HOMES = _Lazy(r"(?P<pre>(?<![A-Za-z0-9_.-])(?:/home/|/Users/|/export/home/|[A-Za-z]:\\Users\\|[A-Za-z]:/Users/))"
                           r"(?!<user>)[^/\\\s\"'<>:]{1,64}(?=[/\\\s\"'<>:]|$)")
 
 

@@ -12,10 +12,12 @@ its line even when it is longer than the terminal), no line carries trailing pad
 
 from __future__ import annotations
 
-import re
-from typing import Any
+TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
+if TYPE_CHECKING:
+    from typing import Any
 
 from .findings import Evidence, Finding, Report, Unrecognised
+from .redact import _Lazy  # a pattern compiled on first use (json output needs none of these)
 
 FORMATS = ("terminal", "json", "markdown", "oneline")
 SYMBOL = {"error": "✗", "warning": "!", "info": "i"}
@@ -43,17 +45,15 @@ def clean_report(report: Report, anonymize: bool = False) -> Report:
     s = Scrubber(anonymize)
 
     def finding(f: Finding) -> Finding:
-        out = Finding(
-            rule=f.rule, category=f.category, severity=f.severity, title=s.text(f.title),
-            explanation=s.text(f.explanation), fixes=[s.text(x) for x in f.fixes],
+        return f.replace(
+            title=s.text(f.title), explanation=s.text(f.explanation), fixes=[s.text(x) for x in f.fixes],
             evidence=[Evidence(text=s.text(e.text), line=e.line, source=s.text(e.source)) for e in f.evidence],
             facts=s.obj(f.facts, by_name=False), references=[s.text(r) for r in f.references],
-            count=f.count, ranks=list(f.ranks), consequence=f.consequence, priority=f.priority,
+            ranks=list(f.ranks),
+            # numeric series only (for the sparklines): nothing else of the helper facts leaves
+            all_facts={k: v for k, v in (f.all_facts or {}).items()
+                       if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)},
         )
-        # numeric series only (for the sparklines): nothing else of the helper facts leaves
-        out.all_facts = {k: v for k, v in (f.all_facts or {}).items()
-                         if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)}
-        return out
 
     def unrec(u: Unrecognised) -> Unrecognised:
         return Unrecognised(exception=s.text(u.exception), line=u.line,
@@ -93,7 +93,7 @@ def _evidence_label(line: int | None, source: str) -> str:
 # --- wrapping that never cuts a URL, a command or a code span ---------------------------
 
 # a unit: a run of non-spaces that may contain whole `code spans` (with their spaces)
-_UNIT = re.compile(r"(?:[^\s`]*`[^`\n]*`)+[^\s`]*|\S+")
+_UNIT = _Lazy(r"(?:[^\s`]*`[^`\n]*`)+[^\s`]*|\S+")
 
 
 def cells(text: str) -> int:
@@ -501,7 +501,7 @@ class _ScrubbingFile:
         return getattr(self._stream, name)
 
 
-_PAD = re.compile(r"[ \t]+((?:\x1b\[[0-9;]*m)*)$")
+_PAD = _Lazy(r"[ \t]+((?:\x1b\[[0-9;]*m)*)$")
 
 
 def print_unpadded(console: Any, renderable: Any) -> None:

@@ -16,7 +16,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any, Callable
+
+TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 EXIT_OK, EXIT_ERROR_FINDING, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from argparse import Namespace
-from typing import Any
+
+TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
+if TYPE_CHECKING:
+    from argparse import Namespace
+    from typing import Any
 
 from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 import time
@@ -146,7 +147,7 @@ def test_a_hanging_mode_is_killed_at_its_deadline(tmp_path):
     assert row.ok is False and row.timed_out
     assert row.error == "timed out after 3 s during import; the child was killed"
     # the whole process group is gone, not left running
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path / "bf16.spec.json") not in ps
 
 
@@ -176,3 +177,32 @@ def test_a_missing_device_is_the_rule_base_finding_not_a_silent_cpu_run():
     row = json.loads(out.stdout)["modes"][0]
     assert row["ok"] is False and "CUDA" in row["error"]
     assert row["findings"] and row["findings"][0]["category"] == "cuda-unavailable"
+
+
+def _probe_processes(marker: str) -> list[tuple[int, str]]:
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [(int(line.split(None, 1)[0]), line) for line in ps.splitlines() if marker in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, expected_rc", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_a_signal_to_probe_kills_the_childs_group_and_removes_its_folder(tmp_path, sig, expected_rc):
+    """SIGTERM (a scheduler, `kill`) or SIGINT (Ctrl-C) to `probe` while a mode runs: the
+    child and its grandchild (its own session, so only the parent got the signal) are
+    killed and the temporary folder is gone."""
+    env = {**os.environ, "MPDOCTOR_PROBE_FAULT": "no:hang", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "mpdoctor", "probe", "--model", "mlp", "--steps", "2",
+                             "--modes", "no"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_probe_processes(str(tmp_path))) < 2:
+        time.sleep(0.2)  # the child and its grandchild both started
+    started = _probe_processes(str(tmp_path))
+    assert len(started) >= 2, started
+    assert list(tmp_path.glob("mpdoctor-probe-*"))
+    proc.send_signal(sig)
+    rc = proc.wait(timeout=30)
+    assert rc == expected_rc, proc.stderr.read()[-2000:]
+    time.sleep(0.3)
+    assert _probe_processes(str(tmp_path)) == []
+    assert list(tmp_path.glob("mpdoctor-probe-*")) == []
+    assert b"Traceback" not in proc.stderr.read()

@@ -150,6 +150,7 @@ def test_failed_child_row_carries_the_rule_base_explanation():
 
 def test_parent_side_never_imports_torch():
     code = ("import sys, mpdoctor.probe, mpdoctor.probe.rows, mpdoctor.probe.recommend, mpdoctor.probe.report, mpdoctor.cli;"
+            "import mpdoctor.probe.spec, mpdoctor.probe.maxbatch, mpdoctor.commands.probe;"
             "bad = [m for m in ('torch', 'accelerate', 'numpy') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -172,3 +173,139 @@ def test_check_probe_does_not_probe_here_for_another_machines_snapshot():
     out = run_probe_for_check(snap, progress=False)
     assert out["ran"] is False and out["findings"] == []
     assert "from another machine (AMD EPYC 7742" in out["lines"][0]
+
+
+# -- --model SPEC, parsed on the parent side ----------------------------------------
+
+def test_model_spec_forms(tmp_path, monkeypatch):
+    import pytest
+
+    from mpdoctor.probe.spec import ModelSpecError, parse_model_spec
+
+    assert parse_model_spec("mlp") == {"kind": "builtin", "name": "mlp", "spec": "mlp"}
+    f = tmp_path / "m.py"
+    f.write_text("def make_model(): pass\n")
+    assert parse_model_spec(str(f)) == {"kind": "file", "path": str(f), "factory": None, "spec": str(f)}
+    assert parse_model_spec(f"{f}:build")["factory"] == "build"
+    monkeypatch.chdir(tmp_path)
+    assert parse_model_spec("m:make_model") == {"kind": "module", "module": "m", "factory": "make_model",
+                                                "spec": "m:make_model"}
+    assert parse_model_spec("m.py:make_model")["kind"] == "file"
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    spec = parse_model_spec("config.json")
+    assert (spec["kind"], spec["model_type"], spec["path"]) == ("config", "gpt2", str(cfg))
+    for bad, words in [("", "empty SPEC"), ("m", "not a built-in model"), ("x/y.py", "no such file"),
+                       ("1abc:make", "is not a module name"), ("m:2x", "is not a function name")]:
+        with pytest.raises(ModelSpecError, match=words):
+            parse_model_spec(bad)
+
+
+def test_sizes():
+    import pytest
+
+    from mpdoctor.probe.spec import parse_bytes
+
+    assert parse_bytes("1500M") == 1500 << 20 and parse_bytes("2G") == 2 << 30 and parse_bytes("1.5GB") == 1.5e9
+    assert parse_bytes("123456789") == 123456789
+    for bad in ("lots", "-1G", "0", "2 parsecs"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+def test_timeouts_that_never_come_are_refused():
+    import math
+
+    import pytest
+
+    for t in (math.nan, math.inf, -math.inf, 0.0, -5.0):
+        with pytest.raises(ValueError, match="--timeout must be a positive number of seconds"):
+            ProbeOptions(timeout_s=t).validate()
+    ProbeOptions(timeout_s=0.5).validate()
+
+
+# -- --max-batch's search, against a known limit ---------------------------------------
+
+class _CPU:
+    type = "cpu"
+
+
+def _search(limit: int, start: int, upper: int = 4096):
+    from mpdoctor.probe.maxbatch import search
+
+    tried = []
+
+    def try_step(n: int) -> None:
+        tried.append(n)
+        if n > limit:
+            raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {n << 20} bytes")
+
+    return search(try_step, start, upper, None, _CPU()), tried
+
+
+def test_max_batch_search_lands_within_one_step_of_the_limit():
+    from mpdoctor.probe.maxbatch import resolution
+
+    for limit in (1, 7, 8, 24, 48, 63, 100, 1000, 3000):
+        for start in (1, 8, 16):
+            found, tried = _search(limit, start)
+            if start > limit:
+                assert found["batch"] == max(n for n in tried if n <= limit)
+            else:
+                assert limit - resolution(found["batch"]) <= found["batch"] <= limit, (limit, start, found)
+                assert found["first_failed"] - found["batch"] == found["resolution"]
+            assert len(tried) <= 2 * (limit.bit_length() + 6)  # bounded: doubling, then bisection
+            assert found["tries"][-1]["batch"] == tried[-1] and all(len(t) >= 3 for t in found["tries"])
+
+
+def test_max_batch_search_halves_when_the_probe_batch_does_not_fit_and_stops_at_the_bound():
+    found, tried = _search(limit=5, start=32)
+    assert tried[:4] == [32, 16, 8, 4] and found["batch"] == 5
+    found, tried = _search(limit=10**9, start=8, upper=100)
+    assert found["batch"] == 100 and found["bounded"] is True and tried == [8, 16, 32, 64, 100]
+    found, _ = _search(limit=0, start=4)
+    assert found["batch"] == 0
+
+
+def test_an_error_that_is_not_out_of_memory_is_not_swallowed():
+    import pytest
+
+    from mpdoctor.probe.maxbatch import is_oom, search
+
+    def broken(n: int) -> None:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        search(broken, 8, 64, None, _CPU())
+    assert is_oom(MemoryError()) and is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_oom(ValueError("out of memory"))
+
+
+def test_recommendation_says_the_largest_batch_of_each():
+    rows = [row("no", max_batch=24, max_batch_search={"batch": 24, "bounded": False}),
+            row("bf16", speedup=1.5, max_batch=48, max_batch_search={"batch": 48, "bounded": False})]
+    rec = recommend(rows)
+    assert rec["mode"] == "bf16" and rec["max_batch"] == {"no": 24, "bf16": 48}
+    assert rec["batch"] == "bf16 fits batch 48 where fp32 fits 24"
+    rep = ProbeReport(rows=rows, recommendation=rec, options={"steps": 10, "warmup": 2})
+    md = to_markdown(rep)
+    assert "Largest batch that trains: bf16 fits batch 48 where fp32 fits 24" in md
+    assert md.splitlines()[2].endswith("| fp16 headroom | max batch |")
+
+
+def test_headroom_is_reported_and_the_table_fits_80_columns():
+    from rich.console import Console
+
+    from mpdoctor.probe.report import print_terminal
+
+    near = {"module": "encoder.layers.3.fc2", "type": "Linear", "absmax": 40000.0, "dtype": "float32",
+            "headroom": 8.5e33, "fp16_headroom": 1.6376}
+    rows = [row("no", fp16_headroom=[near], headroom=[near], step_time_spread=0.02),
+            row("bf16", speedup=1.3, headroom=[dict(near, dtype="bfloat16", headroom=8.5e33)], step_time_spread=0.03)]
+    rep = ProbeReport(rows=rows, recommendation=recommend(rows), options={"steps": 10, "warmup": 2})
+    console = Console(width=80, record=True, force_terminal=False)
+    print_terminal(rep, console)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert "fp16 headroom" in text and "1.64×" in text
+    assert "no (against fp16's 65504): encoder.layers.3.fc2 4e+04 (1.64×)" in text

@@ -14,9 +14,10 @@ from typing import Any
 from .recommend import recommend
 from .rows import build_rows
 from .report import ProbeReport, print_terminal, to_markdown, to_text_lines
-from .runner import MODES, ProbeOptions, Progress, run_modes
+from .runner import MODES, Interrupted, ModelSpecFailed, ProbeOptions, Progress, run_modes
 
-__all__ = ["MODES", "ProbeOptions", "ProbeReport", "run_probe", "run_probe_for_check", "run_probe_with_progress"]
+__all__ = ["MODES", "Interrupted", "ModelSpecFailed", "ProbeOptions", "ProbeReport", "run_probe",
+           "run_probe_for_check", "run_probe_with_progress"]
 
 
 def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeReport:
@@ -25,9 +26,10 @@ def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeRepo
     base = next((o.result for o in outcomes if o.mode == "no" and o.result), None)
     first = base or next((o.result for o in outcomes if o.result), None) or {}
     options = {"modes": list(opts.modes), "steps": opts.steps, "warmup": min(opts.warmup, opts.steps - 1),
-               "model": opts.model, "batch_size": opts.batch_size, "device": opts.device,
+               "model": opts.model_name, "batch_size": opts.batch_size, "device": opts.device,
                "stress": opts.stress, "timeout_s": opts.timeout_s, "seed": opts.seed,
-               "accelerate": first.get("accelerate")}
+               "accelerate": first.get("accelerate"), "seq_len": opts.seq_len if opts.model_spec else None,
+               "max_batch": opts.max_batch, "memory_limit": opts.memory_limit}
     device = first.get("device", {})
     return ProbeReport(rows=rows, recommendation=recommend(rows, device.get("type")), device=device,
                        workload=first.get("workload", {}), overhead=(base or {}).get("overhead"),
@@ -49,7 +51,11 @@ def run_probe_for_check(snapshot: dict[str, Any] | None = None, opts: ProbeOptio
     if elsewhere:
         return {"findings": [], "lines": [f"not run: the snapshot is from another machine ({elsewhere}); "
                                           "the probe measures only the machine it runs on"], "ran": False}
-    report = run_probe_with_progress(opts or ProbeOptions(), progress=progress)
+    try:
+        report = run_probe_with_progress(opts or ProbeOptions(), progress=progress)
+    except Interrupted as exc:
+        exc.die()
+        raise
     out = report.to_dict()
     out["findings"] = report.findings
     out["lines"] = to_text_lines(report)

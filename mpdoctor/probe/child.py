@@ -1,6 +1,7 @@
 """One precision mode, trained for real in its own process: `python -m mpdoctor.probe.child SPEC`.
 
-The parent never imports torch; this process does, trains the built-in model through
+The parent never imports torch; this process does, trains the model (a built-in one,
+or the user's --model SPEC through usermodel.py) through
 `accelerate.Accelerator(mixed_precision=MODE)` and writes what it measured to the
 result file named in the spec. Progress goes to stdout as `@@probe {json}` lines.
 A failure is not caught: the genuine traceback on stderr is what the parent explains
@@ -13,7 +14,8 @@ fed float), `nan` (a NaN written into the first Linear's weight at the third ste
 a bad update would), `nowatch` (the probe's minimal observer instead of mpdoctor.watch), `torch-fp16`
 (the fp16 mode run with torch's own CPU float16 autocast and a GradScaler, as it runs on
 a GPU, where accelerate would train fp32), and, before torch is even imported, `hang`
-(never finishes) and `abort` (dies by SIGABRT, no traceback).
+(never finishes, with a sleeping grandchild in its process group) and `abort` (dies by
+SIGABRT, no traceback).
 """
 
 from __future__ import annotations
@@ -190,12 +192,38 @@ def _pick_device(torch: Any, wanted: str | None) -> Any:
     return torch.device("cpu")
 
 
+MAX_LOGITS = 1 << 18  # the drift is measured on at most this many output values (strided)
+
+
+def _build(spec: dict[str, Any], torch: Any) -> Any:
+    user = spec.get("user_model")
+    if user:
+        from .usermodel import load
+
+        return load(user, spec.get("batch_size"), int(spec.get("seq_len") or 128), int(spec.get("seed", 0)))
+    from .models import build
+
+    return build(spec["model"], spec.get("batch_size"), bool(spec.get("stress")), seed=int(spec.get("seed", 0)))
+
+
+def _sample(t: Any, torch: Any) -> Any:
+    flat = t.detach().float().cpu().reshape(-1)
+    if flat.numel() > MAX_LOGITS:
+        stride = -(-flat.numel() // MAX_LOGITS)
+        flat = flat[::stride]
+    return flat.contiguous()
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     mode, steps, warmup = spec["mode"], int(spec["steps"]), int(spec["warmup"])
     fault = _fault(mode)
     emit("phase", name="import")
     # These two test the parent, not torch: they happen before the (slow) import.
     if "hang" in fault:
+        # with a grandchild in its process group, as a DataLoader worker would be
+        import subprocess
+
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", spec.get("result_path", "")])
         while True:
             time.sleep(1)
     if "abort" in fault:
@@ -205,7 +233,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import accelerate
     from accelerate import Accelerator
 
-    from .models import build
+    from .headroom import HeadroomMeter
     from .observe import attach
 
     device = _pick_device(torch, spec.get("device"))
@@ -213,7 +241,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # The stress gain drives GELU's tail into denormals, which are ~15x slower on
         # x86 and would time the CPU's denormal path rather than the precision mode.
         torch.set_flush_denormal(True)
-    work = build(spec["model"], spec.get("batch_size"), bool(spec.get("stress")), seed=int(spec.get("seed", 0)))
+    emit("phase", name="model")
+    work = _build(spec, torch)
     emit("phase", name="accelerator")
     accelerator = Accelerator(mixed_precision=mode, cpu=device.type == "cpu")
     device = accelerator.device
@@ -222,14 +251,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # accelerate 1.x runs fp32 for fp16 on the CPU. What torch's own CPU autocast
         # would do with this model, same weights and batch, so the report can say it
         # (before the watch is attached: this forward is not part of the mode's run).
-        native_fp16 = _torch_autocast_fp16(torch, work, work.eval_batch[0])
+        native_fp16 = _torch_autocast_fp16(torch, work, work.eval_batch)
     model = work.model
     if "dtype" in fault:
         model = model.half()
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec.get("lr", 1e-3)))
     model, optimizer = accelerator.prepare(model, optimizer)
-    batches = [(x.to(device), y.to(device)) for x, y in work.batches]
-    eval_x, eval_y = (t.to(device) for t in work.eval_batch)
+    from .usermodel import to_device
+
+    batches = [to_device(b, device) for b in work.batches]
+    eval_batch = to_device(work.eval_batch, device)
+    recorder = getattr(work.model, "record", None) is not None  # the built-in models keep their own peak
 
     def sync() -> None:
         if device.type == "cuda":
@@ -243,18 +275,28 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return torch.autocast(device.type, dtype=torch.float16) if scaler is not None else accelerator.autocast()
 
     # Fixed-batch evaluation at the seed's weights, in this mode: the logits every mode
-    # is compared with, and how close its activations come to the fp16 limit.
+    # is compared with, and how close its activations come to the fp16 limit. The
+    # headroom meter watches it and the warm-up steps (one read per step).
     emit("phase", name="eval")
-    work.model.record = True
+    headroom = HeadroomMeter(work.model)
+    if recorder:
+        work.model.record = True
+    work.model.eval()  # no dropout: the logits compared across modes are the model's, not its noise
     with torch.no_grad(), autocast():
-        logits = model(eval_x)
-        eval_loss = float(work.loss(logits, eval_y))
-    work.model.record = False
-    logits32 = logits.detach().float().cpu().contiguous()
+        out = work.forward(model, eval_batch)
+        eval_loss = float(work.compute_loss(out, eval_batch))
+        logits = work.output_tensor(out)
+    work.model.train()
+    headroom.step_end()
+    if recorder:
+        work.model.record = False
+    logits32 = _sample(logits, torch) if logits is not None else torch.zeros(0)
+    del out, logits
     logits_path = Path(spec["logits_path"])
     # Through array, not .numpy(): torch does not require numpy.
-    logits_path.write_bytes(array("f", logits32.flatten().tolist()).tobytes())
-    eval_facts = {"loss": eval_loss, "peak_abs": work.model.peak_abs,
+    logits_path.write_bytes(array("f", logits32.tolist()).tobytes())
+    eval_facts = {"loss": eval_loss,
+                  "peak_abs": work.model.peak_abs if recorder else headroom.summary()["peak_abs"],
                   "nonfinite_logits": int((~torch.isfinite(logits32)).sum()),
                   "logits_file": str(logits_path), "logits_count": logits32.numel()}
 
@@ -266,13 +308,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     # skipped-step checks (free: the loss is read anyway) cover every step.
     observer = attach(accelerator, model, watch="nowatch" not in fault, scaler=scaler)
 
-    def train_step(i: int) -> tuple[float, float]:
-        x, y = batches[i % len(batches)]
+    def train_step(batch: Any) -> tuple[float, float]:
         sync()
         t0 = time.perf_counter()
         with autocast():
-            out = model(x)
-            loss = work.loss(out, y)
+            out = work.forward(model, batch)
+            loss = work.compute_loss(out, batch)
+        del out
         if scaler is not None:
             scaler.scale(loss).backward()
             before = scaler.get_scale()
@@ -287,8 +329,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         sync()
         return time.perf_counter() - t0, value
 
+    if native_fp16 is not None and scaler is None and steps > warmup + 2 and not spec.get("full_fp16_on_cpu"):
+        # accelerate's fp16 on this CPU trains fp32: the warm-up steps show it (the first
+        # matmul, the scaler that is not there); the rest would time fp32 a second time.
+        steps = warmup + 2
     emit("phase", name="train", steps=steps)
+    # The same dropout masks in every mode, whatever ran before in this child.
+    torch.manual_seed(int(spec.get("seed", 0)) + 2)
     meter = MemoryMeter(torch, device)
+    rusage_start = _max_rss()  # the child's peak so far (the reset below starts the loop's own)
     meter.start()
     contention = CpuContention()
     times: list[float] = []
@@ -296,6 +345,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     for i in range(steps):
         if i == warmup:
             observer.stop_watching()
+            headroom.detach()
             contention = CpuContention()  # the timed steps only
         if "nan" in fault and i == 2:
             first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -304,11 +354,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if "oom" in fault and i == 1:
             # A real allocation failure, with the allocator's own message.
             torch.empty(1 << 52, dtype=torch.uint8, device=device)
-        dt, value = train_step(i)
+        dt, value = train_step(batches[i % len(batches)])
+        if i < warmup:
+            headroom.step_end()
         observer.step_done(value)
         times.append(dt)
         losses.append(value)
         emit("step", step=i + 1, of=steps)
+    headroom.detach()
     peak = meter.peak()
     others = contention.others_share()
     watched = observer.summary()
@@ -318,17 +371,23 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                       if type(m).__module__.startswith(("transformer_engine", "torchao", "msamp")))
     observer.detach()
 
+    describe = dict(work.describe)
+    describe["loss"] = work.loss_words()
     result: dict[str, Any] = {
         "mode": mode, "ok": True, "device": _device_facts(torch, device),
         "accelerate": accelerate.__version__, "accelerator_mixed_precision": accelerator.mixed_precision,
-        "workload": work.describe, "steps": steps, "warmup": warmup,
+        "workload": describe, "steps": steps, "warmup": warmup,
         "step_times_s": times, "step_time_s": statistics.median(times[warmup:] or times),
         "losses": losses, "final_loss": losses[-1] if losses else None,
         "peak_memory_bytes": peak, "memory_kind": meter.kind, "cpu_used_by_others": others,
+        "max_rss_bytes": max(rusage_start or 0, _max_rss() or 0) or None,
         "autocast_dtype": watched["autocast_dtype"], "fp8_modules": fp8_modules,
         "native_amp": bool(accelerator.native_amp), "observed": watched, "eval": eval_facts,
-        "stress": bool(spec.get("stress")), "stress_gain": work.model.stress_gain,
+        "headroom": headroom.summary(),
+        "stress": bool(spec.get("stress")), "stress_gain": getattr(work.model, "stress_gain", None),
     }
+    if device.type == "cuda":
+        result["max_memory_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
 
     if spec.get("measure_overhead"):
         # What the watch costs: k steps with it attached again, then k bare, side by
@@ -337,11 +396,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         again = attach(accelerator, model, watch="nowatch" not in fault, scaler=scaler)
         with_watch = []
         for j in range(k):
-            dt, value = train_step(steps + j)
+            dt, value = train_step(batches[(steps + j) % len(batches)])
             again.step_done(value)
             with_watch.append(dt)
         again.detach()
-        bare = [train_step(steps + k + j)[0] for j in range(k)]
+        bare = [train_step(batches[(steps + k + j) % len(batches)])[0] for j in range(k)]
         result["overhead"] = {"steps": k, "watched_median_s": statistics.median(with_watch),
                               "bare_median_s": statistics.median(bare),
                               "ratio": statistics.median(with_watch) / statistics.median(bare),
@@ -352,29 +411,99 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from ..env.inprocess import collect_in_process
 
     result["env"] = collect_in_process()  # the env rules judge the mode's real environment
+
+    if spec.get("max_batch"):
+        emit("phase", name="max-batch")
+        del batches, eval_batch
+        result["max_batch"] = _max_batch(spec, torch, device, work, model, train_step, to_device)
     return result
 
 
-def _torch_autocast_fp16(torch: Any, work: Any, eval_x: Any) -> dict[str, Any]:
+def _max_rss() -> int | None:
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return None
+
+
+def _max_batch(spec: dict[str, Any], torch: Any, device: Any, work: Any, model: Any,
+               train_step: Any, to_device: Any) -> dict[str, Any]:
+    from . import maxbatch
+
+    # The cap holds for the search only: the mode's own measurements above ran without it.
+    cap_kind = None
+    if spec.get("memory_limit") and maxbatch.cap_address_space(int(spec["memory_limit"])):
+        cap_kind = "--memory-limit"
+    elif device.type == "cpu":
+        cap = maxbatch.default_cap()
+        if cap and maxbatch.cap_address_space(cap):
+            cap_kind = "90% of available memory"
+    deadline = spec.get("max_batch_deadline")
+
+    def try_step(n: int) -> None:
+        batch = to_device(work.make_batch(n), device)
+        try:
+            train_step(batch)
+        finally:
+            del batch
+            model.zero_grad(set_to_none=True) if hasattr(model, "zero_grad") else None
+
+    try:
+        found = maxbatch.search(try_step, int(work.describe.get("batch_size") or 1), int(spec["max_batch"]),
+                                torch, device, deadline=(time.monotonic() + float(deadline)) if deadline else None,
+                                capped=cap_kind is not None)
+    except Exception as exc:  # the mode's measurements stand; the search says why it has no answer
+        found = {"batch": None, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+    found["cap"] = cap_kind or ("device memory" if device.type != "cpu" else None)
+    if spec.get("memory_limit"):
+        found["memory_limit_bytes"] = int(spec["memory_limit"])
+    return found
+
+
+def _torch_autocast_fp16(torch: Any, work: Any, eval_batch: Any) -> dict[str, Any]:
+    from .headroom import HeadroomMeter
+
     seen: list[str] = []
     hooks = [m.register_forward_hook(lambda _m, _i, o: seen.append(dtype_name(o.dtype)))
              for m in work.model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
-    work.model.record, work.model.peak_abs = True, 0.0
+    recorder = getattr(work.model, "record", None) is not None
+    if recorder:
+        work.model.record, work.model.peak_abs = True, 0.0
+    meter = HeadroomMeter(work.model)
+    work.model.eval()
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-            out = work.model(eval_x)
+            out = work.output_tensor(work.forward(work.model, eval_batch))
     finally:
-        work.model.record = False
+        work.model.train()
+        meter.detach()
+        if recorder:
+            work.model.record = False
         for h in hooks:
             h.remove()
+    room = meter.summary()
     return {"autocast_dtype": seen[0] if seen else None,
-            "nonfinite_logits": int((~torch.isfinite(out.float())).sum()),
-            "peak_abs": work.model.peak_abs}
+            "nonfinite_logits": int((~torch.isfinite(out.float())).sum()) if out is not None else 0,
+            "peak_abs": work.model.peak_abs if recorder else room["peak_abs"],
+            "first_nonfinite": room["first_nonfinite"], "closest": room["closest"][:3]}
 
 
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[1]).read_text())
-    result = run(spec)
+    try:
+        result = run(spec)
+    except Exception as exc:
+        from .usermodel import ModelLoadError
+
+        if not isinstance(exc, ModelLoadError):
+            raise
+        # The SPEC gives no model: the parent says so and stops (exit status 2).
+        err = Path(spec["result_path"] + ".spec-error")
+        err.write_text(str(exc))
+        sys.stderr.write(f"mpdoctor: --model {spec.get('user_model', {}).get('spec')}: {exc}\n")
+        return 3
     tmp = Path(spec["result_path"] + ".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(spec["result_path"])

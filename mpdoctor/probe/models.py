@@ -147,8 +147,26 @@ class Workload:
     eval_batch: tuple[torch.Tensor, torch.Tensor]
     describe: dict[str, Any]
 
+    make: Any = None  # batch size -> a fresh (x, y) batch (for --max-batch)
+
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+
+    # the interface the child uses, shared with the user's models (usermodel.UserWorkload)
+    def forward(self, model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return model(batch[0])
+
+    def compute_loss(self, out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.loss(out, batch[1])
+
+    def output_tensor(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def make_batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.make(n)
+
+    def loss_words(self) -> str:
+        return "cross-entropy"
 
 
 DEFAULT_BATCH = {"transformer": 16, "mlp": 64, "conv": 32}
@@ -158,7 +176,7 @@ def build(name: str, batch_size: int | None, stress: bool, seed: int = 0, n_batc
     """The same weights and data for every mode, from `seed` alone."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    bs = batch_size or DEFAULT_BATCH[name]
+    bs0 = bs = batch_size or DEFAULT_BATCH[name]
     if name == "transformer":
         vocab, seq = 256, 64
         model: _Recorder = TinyTransformer(vocab=vocab, seq=seq)
@@ -200,5 +218,13 @@ def build(name: str, batch_size: int | None, stress: bool, seed: int = 0, n_batc
     if stress:
         model.stress_gain = stress_gain(model, eval_batch[0])
     params = sum(p.numel() for p in model.parameters())
+
+    def make(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal bs
+        bs = n
+        try:
+            return batch()
+        finally:
+            bs = bs0
     return Workload(model, batches, eval_batch,
-                    {"model": name, "batch_size": bs, "parameters": params, **shape})
+                    {"model": name, "batch_size": bs, "parameters": params, **shape}, make)

@@ -67,6 +67,41 @@ def recommend(rows: list[ModeRow], device_type: str | None = None) -> dict[str, 
     """The mode to set, why, and the line to write. On a CPU whose timings were
     disturbed (a neighbour's job, wildly varying steps) no speed verdict is given:
     the working modes and what did not depend on timing are said instead."""
+    rec = _recommend_timed(rows, device_type)
+    fits = {r.mode: r.max_batch for r in rows if r.ok and r.max_batch is not None
+            and (r.ran_as_requested or r.mode == "no")}
+    if fits:
+        rec["max_batch"] = fits
+        words = batch_words(rows, rec.get("mode"))
+        if words:
+            rec["batch"] = words
+    return rec
+
+
+def batch_words(rows: list[ModeRow], pick: str | None) -> str | None:
+    """"bf16 fits batch 48 where fp32 fits 24": the --max-batch result of the mode
+    recommended (or of the leanest) against fp32's."""
+    found = {r.mode: r for r in rows if r.ok and r.max_batch is not None and (r.ran_as_requested or r.mode == "no")}
+    base = found.get("no")
+
+    def size(r: ModeRow) -> str:
+        s = r.max_batch_search or {}
+        if s.get("bounded"):
+            return f"{r.max_batch} or more (the search's upper bound)"
+        return str(r.max_batch)
+    others = [r for m, r in found.items() if m != "no"]
+    if pick and pick != "no" and pick in found:
+        r = found[pick]
+    elif others:
+        r = max(others, key=lambda x: x.max_batch or 0)
+    else:
+        return f"fp32 fits batch {size(base)}" if base else None
+    if base is None:
+        return f"{r.mode} fits batch {size(r)}"
+    return f"{r.mode} fits batch {size(r)} where fp32 fits {size(base)}"
+
+
+def _recommend_timed(rows: list[ModeRow], device_type: str | None) -> dict[str, Any]:
     noisy = {r.mode: timing_noise(r) for r in rows if r.ok and timing_noise(r)}
     rec = _recommend(rows)
     rec["timings_reliable"] = not noisy

@@ -100,7 +100,28 @@ def _peak(v: float | None) -> str:
 
 
 COLUMNS = ["mode", "works", "step time", "speed-up", "peak memory", "saving", "loss Δ", "logits Δ",
-           "autocast", "loss scaler", "non-finite"]
+           "autocast", "loss scaler", "non-finite", "fp16 headroom"]
+
+
+def _room(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if v == 0 or not math.isfinite(v):
+        return "overflow" if v == 0 else "–"
+    return f"{v:.3g}×" if v < 1000 else f"{v:.1e}×".replace("e+0", "e").replace("e+", "e")
+
+
+def _min_fp16_room(row: ModeRow) -> str:
+    if not row.ok or not row.fp16_headroom:
+        return "–"
+    return _room(row.fp16_headroom[0].get("fp16_headroom"))
+
+
+def _max_batch(row: ModeRow) -> str:
+    if not row.ok or row.max_batch is None:
+        return "–"
+    s = row.max_batch_search or {}
+    return f"≥{row.max_batch}" if s.get("bounded") else str(row.max_batch)
 
 
 def table_rows(report: ProbeReport) -> tuple[list[str], list[list[str]]]:
@@ -108,15 +129,20 @@ def table_rows(report: ProbeReport) -> tuple[list[str], list[list[str]]]:
     stress = bool(report.options.get("stress"))
     if stress:
         cols.append("peak activation")
+    search = any(r.max_batch_search for r in report.rows)
+    if search:
+        cols.append("max batch")
     body = []
     for r in report.rows:
         cells = [r.mode + (" (baseline)" if r.baseline_only else ""), _works(r), _time(r),
                  _x(r.speedup, r), gib(r.peak_memory_bytes) or "–", _pct(r.memory_saving, r),
                  "ref" if r.mode == "no" and r.ok else _rel(r.loss_rel_diff),
                  "ref" if r.mode == "no" and r.ok else _rel(r.logits_rel_diff), r.autocast_dtype or "–", _scaler(r),
-                 str(r.nonfinite_count) if r.ok else "–"]
+                 str(r.nonfinite_count) if r.ok else "–", _min_fp16_room(r)]
         if stress:
             cells.append(_peak(r.peak_activation))
+        if search:
+            cells.append(_max_batch(r))
         body.append(cells)
     return cols, body
 
@@ -133,11 +159,16 @@ def _footer_lines(report: ProbeReport) -> list[str]:
     alt = rec.get("if_memory_bound")
     if alt:
         lines.append(f"  If memory is your limit: {alt['reason']} → {alt['config']['accelerate_config']}")
+    if rec.get("batch"):
+        lines.append(f"  Largest batch that trains: {rec['batch']}{_cap_words(report)}")
+    lines += _headroom_lines(report)
     for r in report.rows:
         if r.error:
             lines.append(f"{r.mode}: {r.error}")
         elif r.note:
             lines.append(f"{r.mode}: {r.note}")
+        if r.ok and (r.max_batch_search or {}).get("error"):
+            lines.append(f"{r.mode}: --max-batch found no answer: {r.max_batch_search['error']}")
     busy = [r for r in report.rows if r.cpu_used_by_others is not None and r.cpu_used_by_others > BUSY_SHARE]
     if busy:
         worst = max(r.cpu_used_by_others or 0 for r in busy)
@@ -161,9 +192,50 @@ def _footer_lines(report: ProbeReport) -> list[str]:
         lines.append(f"Device: {d.get('type')} {d.get('name', '')}{cap}{extra}; torch {d.get('torch')}, "
                      f"accelerate {report.options.get('accelerate', '?')}")
     if w:
-        lines.append(f"Model: {w.get('model')} ({w.get('parameters', 0):,} parameters, batch {w.get('batch_size')}), "
+        name = w.get("model")
+        if w.get("spec") and w.get("spec") != name:
+            name = f"{name} from {w['spec']}"
+        lines.append(f"Model: {name} ({w.get('parameters', 0):,} parameters, batch {w.get('batch_size')}), "
                      f"{report.options.get('steps')} steps per mode, median after {report.options.get('warmup')} "
                      f"warm-up steps; memory: {_memory_kind(report)}; wall time {report.wall_s:.1f} s")
+        if w.get("spec"):
+            lines.append(f"Batch: {w.get('batch')}; loss: {w.get('loss')}")
+    return lines
+
+
+def _cap_words(report: ProbeReport) -> str:
+    caps = {(r.max_batch_search or {}).get("cap") for r in report.rows if r.max_batch_search}
+    caps.discard(None)
+    limit = report.options.get("memory_limit")
+    if limit:
+        return f" (address space capped at {gib(limit)} by --memory-limit)"
+    return f" (bounded by {', '.join(sorted(caps))})" if caps else ""
+
+
+def _headroom_lines(report: ProbeReport) -> list[str]:
+    """The modules closest to overflow: fp32's against fp16's limit (what fp16 would
+    face), and each low-precision mode's against its own dtype's."""
+    lines = []
+    for r in report.rows:
+        if not r.ok:
+            continue
+        if r.first_nonfinite_module:
+            f = r.first_nonfinite_module
+            lines.append(f"  {r.mode}: first non-finite output: {f['module']} ({f.get('type')}, {f.get('dtype')}, "
+                         f"{'evaluation' if not f.get('step') else 'step ' + str(f['step'])})")
+            continue
+        if r.mode == "no" or not r.ran_as_requested:
+            items, label = r.fp16_headroom, "against fp16's 65504"
+        else:
+            items, label = r.headroom, f"against {r.autocast_dtype}'s largest value"
+        key = "fp16_headroom" if "fp16" in label else "headroom"
+        named = [f"{h['module']} {h['absmax']:.3g} ({_room(h.get(key))})" for h in items[:3] if h.get("absmax") is not None]
+        if named:
+            lines.append(f"  {r.mode}: {', '.join(named)}")
+            lines[-1] = lines[-1].replace(f"  {r.mode}: ", f"  {r.mode} ({label}): ", 1)
+    if lines:
+        lines.insert(0, "Headroom: the largest |output| of the modules closest to overflow, and how many times "
+                        "it could grow before it does:")
     return lines
 
 
@@ -211,12 +283,24 @@ def print_terminal(report: ProbeReport, console: Any, findings: bool = True) -> 
     from ..render import print_terminal as print_findings
 
     cols, body = table_rows(report)
-    table = Table(title="mpdoctor probe", title_justify="left")
-    for c in cols:
-        table.add_column(c, justify="right" if c not in ("mode", "works", "autocast", "loss scaler") else "left")
-    for r, cells in zip(report.rows, body):
-        style = "red" if not r.ok else ("yellow" if r.mode != "no" and not r.ran_as_requested else None)
-        table.add_row(*[escape(c) for c in cells], style=style)
+    # One row per mode when it fits; on a narrow terminal (80 columns) one column per
+    # mode instead, so no cell is cut to "…".
+    wide = sum(max(len(c), *(len(r[i]) for r in body)) + 3 for i, c in enumerate(cols)) + 1
+    if wide <= console.width or not body:
+        table = Table(title="mpdoctor probe", title_justify="left")
+        for c in cols:
+            table.add_column(c, justify="right" if c not in ("mode", "works", "autocast", "loss scaler") else "left")
+        for r, cells in zip(report.rows, body):
+            style = "red" if not r.ok else ("yellow" if r.mode != "no" and not r.ran_as_requested else None)
+            table.add_row(*[escape(c) for c in cells], style=style)
+    else:
+        table = Table(title="mpdoctor probe", title_justify="left")
+        table.add_column("")
+        for r, cells in zip(report.rows, body):
+            style = "red" if not r.ok else ("yellow" if r.mode != "no" and not r.ran_as_requested else None)
+            table.add_column(escape(cells[0]), justify="right", header_style=style or "bold")
+        for i, c in enumerate(cols[1:], start=1):
+            table.add_row(escape(c), *[escape(cells[i]) for cells in body])
     console.print(table)
     for line in _footer_lines(report):
         console.print(Text(line, style="bold green" if line.startswith("Recommendation") else None))

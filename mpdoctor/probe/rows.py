@@ -54,6 +54,13 @@ class ModeRow:
     final_scale: float | None = None
     nonfinite_count: int = 0
     peak_activation: float | None = None
+    max_rss_bytes: int | None = None
+    # headroom: the modules closest to their dtype's largest value (probe/headroom.py)
+    headroom: list[dict[str, Any]] = field(default_factory=list)
+    fp16_headroom: list[dict[str, Any]] = field(default_factory=list)
+    first_nonfinite_module: dict[str, Any] | None = None
+    max_batch: int | None = None
+    max_batch_search: dict[str, Any] | None = None
     cpu_used_by_others: float | None = None
     error: str | None = None
     timed_out: bool = False
@@ -105,7 +112,7 @@ def _death(out: ChildOutcome, opts: ProbeOptions) -> str:
     if out.last_phase == "train":
         where += f" (after step {out.last_step} of {opts.steps})"
     if out.timed_out:
-        return f"timed out after {opts.timeout_s:g} s {where}; the child was killed"
+        return f"timed out after {opts.child_timeout_s:g} s {where}; the child was killed"
     rc = out.returncode
     if rc is not None and rc < 0:
         name = signal_name(-rc)
@@ -133,7 +140,7 @@ def build_rows(outcomes: list[ChildOutcome], opts: ProbeOptions) -> list[ModeRow
     rules = load(opts.rules)
     base = next((o for o in outcomes if o.mode == "no"), None)
     base_res = base.result if base else None
-    options = {"stress": opts.stress, "model": opts.model, "device": opts.device, "steps": opts.steps}
+    options = {"stress": opts.stress, "model": opts.model_name, "device": opts.device, "steps": opts.steps}
     rows = []
     for out in outcomes:
         row = ModeRow(mode=out.mode, ok=out.result is not None, baseline_only=out.baseline_only,
@@ -175,6 +182,15 @@ def _fill_measured(row: ModeRow, res: dict[str, Any], base: dict[str, Any] | Non
         row.nonfinite_count = 1
     row.peak_activation = res["eval"].get("peak_abs")
     row.cpu_used_by_others = res.get("cpu_used_by_others")
+    row.max_rss_bytes = res.get("max_rss_bytes")
+    room = res.get("headroom") or {}
+    row.headroom = list(room.get("closest") or [])[:3]
+    row.fp16_headroom = list(room.get("closest_fp16") or [])[:3]
+    row.first_nonfinite_module = room.get("first_nonfinite")
+    mb = res.get("max_batch")
+    if mb:
+        row.max_batch = mb.get("batch")
+        row.max_batch_search = {k: v for k, v in mb.items() if k != "tries"} | {"tries": len(mb.get("tries") or [])}
     if base is None:
         return
     real = row.ran_as_requested or row.mode == "no"
@@ -186,6 +202,12 @@ def _fill_measured(row: ModeRow, res: dict[str, Any], base: dict[str, Any] | Non
     if not real:
         row.note = (f"{row.mode} did not run: the first matmul produced {row.autocast_dtype}, "
                     "so no speed-up or memory saving is claimed")
-    if row.final_loss is not None and base.get("final_loss"):
+    mine, ref = res.get("losses") or [], base.get("losses") or []
+    if mine and ref and len(mine) != len(ref):
+        # a mode cut short (fp16 that ran fp32 on a CPU): compared at its last step
+        k = min(len(mine), len(ref)) - 1
+        if ref[k]:
+            row.loss_rel_diff = abs(mine[k] - ref[k]) / abs(ref[k])
+    elif row.final_loss is not None and base.get("final_loss"):
         row.loss_rel_diff = abs(row.final_loss - base["final_loss"]) / abs(base["final_loss"])
     row.logits_rel_diff = _max_rel_diff(res["eval"].get("logits"), base["eval"].get("logits"))

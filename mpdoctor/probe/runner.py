@@ -9,6 +9,7 @@ other's contention, not the precision modes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -39,6 +40,11 @@ class ProbeOptions:
     seed: int = 0
     overhead_steps: int = 5
     rules: list[str] = field(default_factory=list)  # extra rule folders for explaining failures
+    # --model SPEC other than a built-in name (probe/spec.py's parse_model_spec)
+    model_spec: dict[str, Any] | None = None
+    seq_len: int = 128
+    max_batch: int | None = None  # --max-batch: the search's upper bound
+    memory_limit: int | None = None  # --memory-limit: RLIMIT_AS of each child, in bytes
 
     def validate(self) -> None:
         bad = [m for m in self.modes if m not in MODES]
@@ -50,8 +56,49 @@ class ProbeOptions:
             raise ValueError("--steps must be at least 2")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError("--batch-size must be at least 1")
-        if self.timeout_s <= 0:
-            raise ValueError("--timeout must be positive")
+        # nan compares false with everything: `<= 0` alone lets it through, and a
+        # deadline of nan or inf never comes
+        if not isinstance(self.timeout_s, (int, float)) or not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise ValueError(f"--timeout must be a positive number of seconds, not {self.timeout_s!r}")
+        if self.timeout_s > 7 * 24 * 3600:
+            raise ValueError("--timeout must be at most a week (604800 s)")
+        if self.seq_len < 1:
+            raise ValueError("--seq-len must be at least 1")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError("--max-batch must be at least 1")
+        if self.memory_limit is not None and self.memory_limit < 64 * 1024 * 1024:
+            raise ValueError("--memory-limit must be at least 64M: torch itself needs more")
+        if self.model_spec and self.stress:
+            raise ValueError("--stress applies to the built-in models only (it scales their widest layer); "
+                             "your model's own activations are measured against fp16's limit anyway")
+
+    @property
+    def child_timeout_s(self) -> float:
+        """--max-batch's search gets as long again as the probe itself."""
+        return self.timeout_s * (2 if self.max_batch else 1)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.model_spec["spec"]) if self.model_spec else self.model
+
+
+class ModelSpecFailed(Exception):
+    """The fp32 child could not make a model of the --model SPEC (exit status 2)."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM/SIGHUP to the probe: raised where it waits, after its child is killed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    def die(self) -> int:
+        """The child's process group is killed and the temporary folder removed: now go
+        the way the signal meant, so the caller sees "terminated", not an exit status."""
+        signal.signal(self.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), self.signum)
+        return 128 + self.signum  # only if the signal is blocked
 
 
 @dataclass
@@ -78,6 +125,9 @@ def _child_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
+    # A --model config.json is built, never fetched: transformers stays off the network.
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
     # Our own words to the progress bar, not accelerate's; keeps its logs short.
     env.setdefault("ACCELERATE_LOG_LEVEL", "warning")
     return env
@@ -96,6 +146,9 @@ def run_child(mode: str, opts: ProbeOptions, workdir: Path, progress: Progress |
         "mode": mode, "steps": opts.steps, "warmup": min(opts.warmup, opts.steps - 1),
         "model": opts.model, "batch_size": opts.batch_size, "device": opts.device,
         "stress": opts.stress, "seed": opts.seed,
+        "user_model": opts.model_spec, "seq_len": opts.seq_len,
+        "max_batch": opts.max_batch, "memory_limit": opts.memory_limit,
+        "max_batch_deadline": opts.timeout_s * 0.9 if opts.max_batch else None,
         "measure_overhead": measure_overhead, "overhead_steps": min(opts.overhead_steps, opts.steps),
         "result_path": str(workdir / f"{mode}.result.json"),
         "logits_path": str(workdir / f"{mode}.logits.f32"),
@@ -132,15 +185,24 @@ def run_child(mode: str, opts: ProbeOptions, workdir: Path, progress: Progress |
         reader.start()
         timed_out = False
         try:
-            proc.wait(timeout=opts.timeout_s)
+            proc.wait(timeout=opts.child_timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
             proc.wait()
+        except BaseException:
+            # Ctrl-C, SIGTERM (Interrupted), anything: the child and all it started go
+            # with us; the temporary folder is removed by the caller's `with`.
+            _kill_group(proc)
+            proc.wait()
+            raise
         reader.join(timeout=5)
     wall = time.monotonic() - started
     result = None
     result_path = Path(spec["result_path"])
+    spec_error = Path(spec["result_path"] + ".spec-error")
+    if proc.returncode == 3 and spec_error.exists():
+        raise ModelSpecFailed(f"--model {opts.model_name}: {spec_error.read_text(errors='replace')}")
     if not timed_out and proc.returncode == 0 and result_path.exists():
         try:
             result = json.loads(result_path.read_text())
@@ -160,7 +222,7 @@ def run_modes(opts: ProbeOptions, progress: Progress | None = None) -> tuple[lis
     order = ["no"] + [m for m in opts.modes if m != "no"]
     outcomes: list[ChildOutcome] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mpdoctor-probe-") as tmp:
+    with _signals_raise(), tempfile.TemporaryDirectory(prefix="mpdoctor-probe-") as tmp:
         workdir = Path(tmp)
         for mode in order:
             if progress:
@@ -185,3 +247,33 @@ def _read_floats(path: Path) -> list[float] | None:
     except (OSError, ValueError):
         return None
     return data.tolist()  # native order: the child wrote it on this same machine
+
+
+class _signals_raise:
+    """While the probe runs (main thread only): SIGTERM and SIGHUP raise Interrupted
+    where the parent waits, so its child's process group is killed and the temporary
+    folder removed before the probe goes (the caller then dies of the same signal)."""
+
+    SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+    def __enter__(self) -> "_signals_raise":
+        self.saved: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in self.SIGNALS:
+            try:
+                self.saved[sig] = signal.signal(sig, self._raise)
+            except (ValueError, OSError):
+                pass
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self.saved.items():
+            try:
+                signal.signal(sig, old)
+            except (ValueError, OSError):
+                pass

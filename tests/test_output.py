@@ -143,7 +143,7 @@ def test_long_evidence_folds_in_details(tmp_path, capsys):
     from mpdoctor.findings import Evidence, Finding, Report
     from mpdoctor.render import to_markdown
 
-    f = Finding(rule="r", category="out-of-memory", severity="error", title="t",
+    f = Finding(rule="cuda-oom", category="out-of-memory", severity="error", title="t",
                 evidence=[Evidence(f"line {i}", i) for i in range(1, 30)])
     md = to_markdown(Report(findings=[f]))
     assert "<details><summary>Evidence (29 lines)</summary>" in md and "</details>" in md

@@ -207,7 +207,7 @@ def likely_findings(lines: list[LogLine], unrecognised: list[Unrecognised], rule
             continue
         facts = dict(extra_facts or {})
         facts["likely"] = f"{score:.0%}"
-        facts["shared_words"] = ", ".join(shared[:8])
+        facts["shared_words"] = ", ".join(sorted(shared)[:8])  # the same words whatever the hash seed
         f = assemble(rule, facts, [Evidence(text[:400], no or None)])
         f.severity = "warning"
         title = f.title if len(f.title) >= 24 and "…" not in f.title else (rule.summary or f.title)

@@ -104,7 +104,7 @@ def main(args: Namespace) -> int:
             snap = _sharpen(report, args.snapshot, args.here)
         except (OSError, ValueError) as exc:
             return fail(f"cannot use the snapshot: {exc}")
-        if snap is not None and args.format == "markdown":
+        if args.format == "markdown":
             from ..render import environment_from_snapshot
 
             environment = environment_from_snapshot(snap)
@@ -115,28 +115,12 @@ def main(args: Namespace) -> int:
     return EXIT_ERROR_FINDING if report.has_error else EXIT_OK
 
 
-def _sharpen(report: Any, snapshot_path: str | None, here: bool) -> dict[str, Any] | None:
+def _sharpen(report: Any, snapshot_path: str | None, here: bool) -> dict[str, Any]:
     """Sharpen the findings with a snapshot (the file, or this machine collected once);
-    the snapshot is returned for the markdown environment block (None where the
-    environment code does not offer the pieces this needs: then sharpen only)."""
-    try:
-        from ..env import collect, load_snapshot
-        from ..env.judge import judge, make_view
-        from ..env.sharpen import sharpen_finding
-    except ImportError:
-        from ..env.sharpen import sharpen_report
+    the snapshot is returned for the markdown environment block."""
+    from ..env import collect, load_snapshot
+    from ..env.sharpen import sharpen_with
 
-        sharpen_report(report, snapshot_path=snapshot_path, here=here)
-        return None
     snap = load_snapshot(snapshot_path) if snapshot_path else collect()
-    cache: dict[Any, Any] = {}
-
-    def view_for(hint: str | None) -> Any:
-        if hint not in cache:
-            cache[hint] = (make_view(snap, hint), judge(snap, mixed_precision=hint, source=snapshot_path or "live"))
-        return cache[hint]
-
-    for f in report.findings:
-        sharpen_finding(f, view_for)
-    report.input["snapshot"] = snapshot_path or "live"
+    sharpen_with(report, snap, snapshot_path or "live")
     return snap

@@ -156,27 +156,18 @@ def sharpen_finding(f: Finding, view_for: Any) -> None:
         _prepend_fix(f, fallback_fix)
 
 
-def sharpen_report(report: Report, snapshot_path: str | None = None, here: bool = False) -> Report:
-    """Amend the findings of `report` (an explain report) with a snapshot's facts:
-    the file at `snapshot_path`, or this machine collected now when `here`.
-    Raises SnapshotError (a ValueError) for an unusable snapshot file."""
-    from . import collect, load_snapshot
+def sharpen_with(report: Report, snap: dict[str, Any], source: str) -> None:
+    """Amend the findings of `report` with the facts of the snapshot `snap` (judged once
+    per precision a finding hints at)."""
     from .judge import judge, make_view
 
-    if snapshot_path:
-        snap = load_snapshot(snapshot_path)
-    elif here:
-        snap = collect()
-    else:
-        return report
     cache: dict[str | None, tuple[Any, Report]] = {}
 
     def view_for(hint: str | None) -> tuple[Any, Report]:
         if hint not in cache:
-            cache[hint] = (make_view(snap, hint), judge(snap, mixed_precision=hint, source=snapshot_path or "live"))
+            cache[hint] = (make_view(snap, hint), judge(snap, mixed_precision=hint, source=source))
         return cache[hint]
 
     for f in report.findings:
         sharpen_finding(f, view_for)
-    report.input["snapshot"] = snapshot_path or "live"
-    return report
+    report.input["snapshot"] = source

@@ -86,3 +86,26 @@ class WatchSession:
     @property
     def findings(self) -> list[Any]:
         return self.report().findings
+
+
+class SessionResults:
+    """What both callbacks offer once training ran: the findings, the report, the watch
+    handle (a callback keeps its WatchSession in `self.session`)."""
+
+    session: WatchSession
+
+    def finish(self, failure: BaseException | None = None) -> Any:
+        """Report now (idempotent): at the end of training, or after it raised."""
+        return self.session.finish(failure)
+
+    def report(self) -> Any:
+        return self.session.report()
+
+    @property
+    def findings(self) -> list[Any]:
+        return self.session.findings
+
+    @property
+    def handle(self) -> Any:
+        """The watch() handle (a Watcher): its .nonfinite, .scaler, .plan, ..."""
+        return self.session.handle

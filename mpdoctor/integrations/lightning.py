@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import first_available
-from ._session import WatchSession
+from ._session import SessionResults, WatchSession
 
 Callback = first_available([("lightning.pytorch", "Callback"), ("pytorch_lightning", "Callback")],
                            "mpdoctor.integrations.lightning", "lightning>=2.2")
@@ -25,7 +25,7 @@ Callback = first_available([("lightning.pytorch", "Callback"), ("pytorch_lightni
 __all__ = ["MpdoctorCallback"]
 
 
-class MpdoctorCallback(Callback):  # type: ignore[misc, valid-type]
+class MpdoctorCallback(SessionResults, Callback):  # type: ignore[misc, valid-type]
     """Watches the LightningModule from `on_fit_start`; reports at `on_fit_end` or in
     `on_exception`.
 
@@ -58,17 +58,3 @@ class MpdoctorCallback(Callback):  # type: ignore[misc, valid-type]
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.session.finish(exception)
-
-    def finish(self, failure: BaseException | None = None) -> Any:
-        return self.session.finish(failure)
-
-    def report(self) -> Any:
-        return self.session.report()
-
-    @property
-    def findings(self) -> list[Any]:
-        return self.session.findings
-
-    @property
-    def handle(self) -> Any:
-        return self.session.handle

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from . import require
-from ._session import WatchSession
+from ._session import SessionResults, WatchSession
 
 _transformers = require("transformers", "mpdoctor.integrations.transformers", "transformers>=4.40")
 TrainerCallback = _transformers.TrainerCallback
@@ -30,7 +30,7 @@ TrainerCallback = _transformers.TrainerCallback
 __all__ = ["MpdoctorCallback"]
 
 
-class MpdoctorCallback(TrainerCallback):  # type: ignore[misc, valid-type]
+class MpdoctorCallback(SessionResults, TrainerCallback):  # type: ignore[misc, valid-type]
     """Watches the Trainer's model from `on_train_begin`; reports at `on_train_end`.
 
     every: sample the per-module checks on every Nth step (see mpdoctor.watch);
@@ -71,18 +71,6 @@ class MpdoctorCallback(TrainerCallback):  # type: ignore[misc, valid-type]
         if failure is None:
             failure = sys.exc_info()[1]
         return self.session.finish(failure)
-
-    def report(self) -> Any:
-        return self.session.report()
-
-    @property
-    def findings(self) -> list[Any]:
-        return self.session.findings
-
-    @property
-    def handle(self) -> Any:
-        """The watch() handle (a Watcher): its .nonfinite, .scaler, .plan, ..."""
-        return self.session.handle
 
     # ---- a training that raises -----------------------------------------------------------
     def _hook_uncaught(self) -> None:

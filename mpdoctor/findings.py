@@ -91,13 +91,14 @@ class Finding(_Record):
     so that a merge can re-render); never serialised, compared or shown in the repr."""
 
     _COMPARE = _REPR = ("rule", "category", "severity", "title", "explanation", "fixes", "evidence", "facts",
-                        "references", "count", "ranks", "consequence", "priority")
+                        "references", "count", "ranks", "consequence", "priority", "likely")
 
     def __init__(self, rule: str, category: str, severity: str, title: str, explanation: str = "",
                  fixes: list[str] | None = None, evidence: list[Evidence] | None = None,
                  facts: dict[str, Any] | None = None, references: list[str] | None = None, count: int = 1,
                  ranks: list[int] | None = None, consequence: bool = False, priority: int = 50,
-                 all_facts: dict[str, Any] | None = None) -> None:
+                 all_facts: dict[str, Any] | None = None, likely: bool = False,
+                 refinements: list[tuple[str, Any, Any, dict[str, Any]]] | None = None) -> None:
         self.rule = rule
         self.category = category
         self.severity = severity
@@ -112,6 +113,13 @@ class Finding(_Record):
         self.consequence = consequence
         self.priority = priority
         self.all_facts = all_facts
+        # a likely match (engine.likely): the assembler frames its words as a guess, and a
+        # merge keeps that frame unless a certain sighting of the same cause joins it
+        self.likely = likely
+        # other rules' sentences that refine this finding (a machine's facts under a log
+        # finding): (words position, fixes position, rule or frame, facts), re-rendered
+        # with it by the assembler
+        self.refinements = [] if refinements is None else refinements
         self.__post_init__()  # tests/conftest.py wraps it to record every rule id made
 
     def __post_init__(self) -> None:
@@ -125,6 +133,7 @@ class Finding(_Record):
         copy): the same finding, not a new one."""
         kw = {k: getattr(self, k) for k in self._COMPARE}
         kw["all_facts"] = self.all_facts
+        kw["refinements"] = list(self.refinements)
         kw.update(changes)
         return type(self)(**kw)
 
@@ -147,24 +156,8 @@ class Finding(_Record):
             "count": self.count,
             "ranks": list(self.ranks),
             "consequence": self.consequence,
+            "likely": self.likely,
         }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Finding":
-        return cls(
-            rule=data["rule"],
-            category=data["category"],
-            severity=data["severity"],
-            title=data["title"],
-            explanation=data.get("explanation", ""),
-            fixes=list(data.get("fixes", [])),
-            evidence=[Evidence(**e) for e in data.get("evidence", [])],
-            facts=dict(data.get("facts", {})),
-            references=list(data.get("references", [])),
-            count=int(data.get("count", 1)),
-            ranks=list(data.get("ranks", [])),
-            consequence=bool(data.get("consequence", False)),
-        )
 
 
 class Unrecognised(_Record):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # kind -> the modules whose @check functions judge rules of that kind
 CHECK_MODULES: dict[str, tuple[str, ...]] = {
     "env": ("mpdoctor.env.checks.precision", "mpdoctor.env.checks.driver", "mpdoctor.env.checks.libraries",
-            "mpdoctor.env.checks.config", "mpdoctor.env.checks.memory"),
+            "mpdoctor.env.checks.config", "mpdoctor.env.checks.memory", "mpdoctor.env.checks.machine"),
     "run": ("mpdoctor.run.checks",),
     "probe": ("mpdoctor.probe.checks",),
 }
@@ -62,7 +62,22 @@ def case_runners() -> "dict[str, CaseRunner]":
     from .engine.selftest import example_path
     from .explain import explain_case
 
+    def refinement_case(rule: Any, ex: Any, rules: Any) -> Any:
+        # the example's log explained, then its top finding refined on the snapshot's machine
+        import json
+
+        from .env.judge import make_view
+        from .env.sharpen import mode_hint, refinement_findings
+
+        found = explain_case(rule, ex, rules)
+        if not found:
+            return []
+        snap = json.loads(example_path(rule, ex.snapshot).read_text(encoding="utf-8"))
+        return refinement_findings(found[0], make_view(snap, mode_hint(found[0])), rules)
+
     def evidence_case(rule: Any, ex: Any, rules: Any) -> Any:
+        if getattr(rule, "refines", None):
+            return refinement_case(rule, ex, rules)
         kind, name = ex.evidence
         path = str(example_path(rule, name))
         if kind == "snapshot":

@@ -18,7 +18,23 @@ import pytest
 _CACHE = tempfile.mkdtemp(prefix="mpdoctor-test-cache-")
 os.environ["MPDOCTOR_CACHE_DIR"] = _CACHE
 for _name in ("MPDOCTOR_RULES_PATH", "MPDOCTOR_NO_CACHE", "MPDOCTOR_DEBUG", "MPDOCTOR_INSTRUMENT_FAIL",
-              "MPDOCTOR_PROBE_FAULT", "MPDOCTOR_SAVE_EVENTS", "MPDOCTOR_SAVE_PROBE"):
+              "MPDOCTOR_PROBE_FAULT", "MPDOCTOR_SAVE_EVENTS", "MPDOCTOR_SAVE_PROBE", "MPDOCTOR_WATCH_EVERY"):
+    os.environ.pop(_name, None)
+# A check that raises is a failure in every test, never "nothing found" (engine.judge);
+# the tests of the user-facing "could not be judged" turn it off for themselves.
+os.environ["MPDOCTOR_STRICT_CHECKS"] = "1"
+# The user's home is not the tests': most accelerate users have a default config in
+# ~/.cache/huggingface/accelerate/, and a test must judge what it sets up, not that.
+_HOME = tempfile.mkdtemp(prefix="mpdoctor-test-home-")
+os.environ["HOME"] = _HOME
+os.environ["XDG_CACHE_HOME"] = os.path.join(_HOME, ".cache")
+os.environ["XDG_CONFIG_HOME"] = os.path.join(_HOME, ".config")
+for _name in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_DATASETS_CACHE",
+              "ACCELERATE_CONFIG_FILE", "TORCH_HOME", "PYTHONUSERBASE"):
+    os.environ.pop(_name, None)
+os.environ["HF_HOME"] = os.path.join(_HOME, ".cache", "huggingface")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+for _name in [n for n in os.environ if n.startswith("ACCELERATE_")]:
     os.environ.pop(_name, None)
 
 from mpdoctor import findings as _findings  # noqa: E402  (after the environment is set)
@@ -63,6 +79,7 @@ def pytest_testnodedown(node, error) -> None:
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     shutil.rmtree(_CACHE, ignore_errors=True)
+    shutil.rmtree(_HOME, ignore_errors=True)
     config = session.config
     if hasattr(config, "workerinput"):  # an xdist worker
         config.workeroutput["mpdoctor_emitted"] = sorted(EMITTED)

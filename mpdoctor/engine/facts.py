@@ -94,7 +94,12 @@ class Vocabulary:
                 return (f"check {rule.check!r} is not one of mpdoctor's {rule.kind} checks: "
                         f"{', '.join(sorted(known))}")
         produced = self.produced(rule)
-        for part, templates in (("title", rule.titles), ("explanation", rule.explanation), ("fixes", rule.fixes)):
+        def flat(values: Any) -> list[str]:
+            return [t for v in values for t in ([v] if isinstance(v, str) else v)]
+
+        words = flat(w for table in (rule.words or {}).values() for w in table.values())
+        for part, templates in (("title", rule.titles), ("explanation", rule.explanation), ("fixes", rule.fixes),
+                                ("each", flat((rule.each or {}).values())), ("words", words)):
             for i, template in enumerate(templates, 1):
                 for name in fields_of(template):
                     if name not in produced:

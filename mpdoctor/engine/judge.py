@@ -13,8 +13,10 @@ a module: a face builds its table of checks with `checks_in(module, ...)`.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 from ..findings import Evidence, Finding
 from .assemble import assemble, merge_findings, supersede
@@ -72,6 +74,52 @@ class RuleOutcome:
     rule: Rule
     findings: list[Finding]
     skipped: str | None = None
+    crashed: bool = False
+
+
+class CheckCrashed(RuntimeError):
+    """A check raised on its evidence: a bug in mpdoctor, never "nothing found"."""
+
+
+# Where a check that raises is a failure, not a "could not be judged": the rules' own
+# tests (`rules test`, the suite: MPDOCTOR_STRICT_CHECKS=1) must see a broken check.
+# A user's run still gets its report, with the check named as not judged.
+_STRICT: list[bool] = []
+# While tracing (the rules' self-tests), what became of each rule's check: "judged",
+# "skipped: reason" or "crashed: reason" (a near miss must reach its check).
+_TRACES: list[dict[str, str]] = []
+
+
+def _strict() -> bool:
+    return bool(_STRICT and _STRICT[-1]) or os.environ.get("MPDOCTOR_STRICT_CHECKS") == "1"
+
+
+@contextmanager
+def strict_checks(on: bool = True) -> Iterator[None]:
+    _STRICT.append(on)
+    try:
+        yield
+    finally:
+        _STRICT.pop()
+
+
+@contextmanager
+def trace_checks() -> Iterator[dict[str, str]]:
+    seen: dict[str, str] = {}
+    _TRACES.append(seen)
+    try:
+        yield seen
+    finally:
+        _TRACES.remove(seen)
+
+
+def _trace(rule_id: str, what: str) -> None:
+    for seen in _TRACES:
+        # a rule judged several times (per rank, per mode) keeps its worst outcome
+        if not seen.get(rule_id, "").startswith("crashed"):
+            if what == "judged" and rule_id in seen:
+                continue
+            seen[rule_id] = what
 
 
 def evidence_of(hit: Hit) -> list[Evidence]:
@@ -83,7 +131,8 @@ def judge_rules(view: Any, rules: list[Rule], checks: dict[str, Callable[..., Re
                 extra_facts: dict[str, Any] | None = None) -> list[RuleOutcome]:
     """Every rule's check over `view`; `extra_facts` (what this face observed, e.g. the
     dtype a run's first matmul produced) join each hit's facts where the check left
-    them unset. A check that raises is reported as skipped, never as a crash."""
+    them unset. A check that raises is reported as "could not be judged" to a user, and
+    raises CheckCrashed under strict_checks() (the rules' tests)."""
     outcomes = []
     for rule in rules:
         fn = checks.get(rule.check or "")
@@ -92,12 +141,18 @@ def judge_rules(view: Any, rules: list[Rule], checks: dict[str, Callable[..., Re
                                f"mpdoctor's {rule.kind} checks ({', '.join(sorted(checks))})")
         try:
             result = fn(view)
-        except Exception as exc:  # a check bug on odd evidence: say so, do not crash
-            outcomes.append(RuleOutcome(rule, [], f"could not be judged ({type(exc).__name__}: {exc})"))
+        except Exception as exc:  # a check bug on odd evidence
+            why = f"{type(exc).__name__}: {exc}"
+            _trace(rule.id, f"crashed: {why}")
+            if _strict():
+                raise CheckCrashed(f"check {rule.check!r} of rule {rule.id!r} raised {why}") from exc
+            outcomes.append(RuleOutcome(rule, [], f"could not be judged ({why})", crashed=True))
             continue
         if isinstance(result, Skip):
+            _trace(rule.id, f"skipped: {result.reason}")
             outcomes.append(RuleOutcome(rule, [], result.reason))
             continue
+        _trace(rule.id, "judged")
         found: list[Finding] = []
         for hit in result:
             facts = {k: v for k, v in hit.facts.items() if v not in (None, "")}

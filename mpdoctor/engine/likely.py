@@ -208,14 +208,10 @@ def likely_findings(lines: list[LogLine], unrecognised: list[Unrecognised], rule
         facts = dict(extra_facts or {})
         facts["likely"] = f"{score:.0%}"
         facts["shared_words"] = ", ".join(sorted(shared)[:8])  # the same words whatever the hash seed
-        f = assemble(rule, facts, [Evidence(text[:400], no or None)])
-        f.severity = "warning"
-        title = f.title if len(f.title) >= 24 and "…" not in f.title else (rule.summary or f.title)
-        f.title = f"Likely: {title}"
-        f.explanation = (f"No rule knows this exact wording; it resembles the messages of `{rule.id}` "
-                         f"({f.facts['likely']} of their distinctive words: {f.facts['shared_words']}), so this is "
-                         f"a likely cause, not a certain one. " + f.explanation).strip()
-        f.priority = min(f.priority, 30)
+        # secrets cut before the text is: a cut never halves one
+        from ..redact import clip
+
+        f = assemble(rule, facts, [Evidence(clip(text, 400), no or None)], likely=True)
         found[rule.id] = f
         used_lines.add(no)
     remaining = [u for u in unrecognised if u.line not in used_lines]

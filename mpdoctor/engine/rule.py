@@ -143,7 +143,7 @@ _RULE_FIELDS = (
     "id", "kind", "category", "severity", "title", "titles", "path", "summary", "priority", "consequence", "patterns",
     "unless", "requires", "excludes", "context", "literals", "min_count", "supersedes", "derive", "derive_module",
     "check", "explanation", "fixes", "references", "versions", "doc", "examples", "near_misses", "unrendered",
-    "quiet",
+    "quiet", "words", "each", "area", "only_in_trouble", "refines", "position", "fix_position", "fix_when_alone",
 )
 
 
@@ -162,7 +162,10 @@ class Rule:
                  references: list[str] | None = None, versions: str = "", doc: dict[str, str] | None = None,
                  examples: list[Example] | None = None, near_misses: list[Example] | None = None,
                  titles: list[str] | None = None, unrendered: dict[str, str] | None = None,
-                 quiet: bool = False):
+                 quiet: bool = False, words: dict[str, dict[str, str]] | None = None,
+                 each: dict[str, str] | None = None, area: str | None = None, only_in_trouble: bool = False,
+                 refines: list[str] | None = None, position: str = "last", fix_position: str = "last",
+                 fix_when_alone: bool = False):
         self.id = id
         self.kind = kind
         self.category = category
@@ -177,6 +180,19 @@ class Rule:
         # a quiet finding (a summary, a note about mpdoctor itself) is reported, but is
         # not on its own a reason for `mpdoctor run` to speak after a run that went well
         self.quiet = quiet
+        # shown only when the run is in trouble (failed, or another finding speaks): a
+        # summary that is no news after a run that went well
+        self.only_in_trouble = only_in_trouble
+        # a refinement (env.sharpen): the machine's facts under a log finding of these
+        # categories; its sentences go first or last, its fixes too (fix_position), and
+        # only when no machine error finding explains the log already (fix_when_alone)
+        self.refines = refines or []
+        self.position = position
+        self.fix_position = fix_position
+        self.fix_when_alone = fix_when_alone
+        # the area of `check`'s checklist an env rule belongs to, where its category alone
+        # would mislead (a torch that does not import is about torch, not about a library)
+        self.area = area
         self.patterns = patterns or []
         self.unless = unless or []
         self.requires = requires or []
@@ -198,6 +214,10 @@ class Rule:
         self.near_misses = near_misses or []
         # sentences no example renders, and why ({"fixes.3": "needs a Windows snapshot"})
         self.unrendered = unrendered or {}
+        # [words.FACT]: what the rule says for each code a fact may hold; [each]: how it
+        # says each record of a fact that is a list (engine.assemble.apply_words)
+        self.words = words or {}
+        self.each = each or {}
 
     # doc, examples and near misses are not needed to explain a log: from the rule cache
     # they are read (a separate file) the first time one of them is asked for.
@@ -214,6 +234,9 @@ class Rule:
                 setattr(self, "_" + key, [v.strip()] if isinstance(v, str) else [x.strip() for x in v if x.strip()])
             self._summary = str(data.get("summary", "")).strip()
             self._versions = str(data.get("versions", ""))
+            self._words = {str(k): {str(c): _templates(w) for c, w in dict(v).items()}
+                           for k, v in dict(data.get("words", {})).items()}
+            self._each = {str(k): _templates(v) for k, v in dict(data.get("each", {})).items()}
 
     def _lazy(name: str):  # type: ignore[misc]  # noqa: N805 - a property factory
         def get(self):
@@ -230,6 +253,8 @@ class Rule:
     references = _lazy("references")
     summary = _lazy("summary")
     versions = _lazy("versions")
+    words = _lazy("words")
+    each = _lazy("each")
     del _lazy
 
     @property
@@ -297,6 +322,11 @@ class Rule:
         while p.name and p.name not in ("rules", "builtin_rules") and p.parent != p:
             p = p.parent
         return p
+
+
+def _templates(value: Any) -> "str | list[str]":
+    """A template, or a list of them (the first whose facts are known), as TOML gave it."""
+    return [str(x) for x in value] if isinstance(value, list) else str(value)
 
 
 def cached_examples(data: dict, key: str) -> list[Example]:

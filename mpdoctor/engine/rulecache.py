@@ -18,10 +18,10 @@ import os
 import sys
 from typing import Any
 
-_FORMAT = 12
+_FORMAT = 13
 # kept in a second file, read only when a finding or a rule page needs them
 _DOC_KEYS = ("doc", "example", "near_miss", "explanation", "fixes", "references", "summary", "versions",
-             "unrendered")
+             "unrendered", "words", "each")
 
 
 def digest(data: bytes) -> str:

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.assemble import conclude
 from ..engine.judge import RuleOutcome, UnknownCheck, checks_in, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding, Report, rank_findings
 from ..knowledge import compat
 from ..knowledge.units import gib
 from .checks import MODULES as CHECK_MODULES
+from .checks import machine
 from .plan import MODES, build_plan, fp8_matrix, what_runs
 from .view import EnvView
 
 # Checklist areas, in the order a person reads them; a rule lands in its area by
-# category (RULE_AREA names the few whose category alone would mislead).
+# category, or by its own `area` key where its category alone would mislead.
 AREAS: list[tuple[str, str]] = [
     ("torch", "torch and CUDA runtime"),
     ("precision", "Hardware precision"),
@@ -37,8 +39,6 @@ CATEGORY_AREA = {
     "accelerate-config": "accelerate", "out-of-memory": "memory", "host-out-of-memory": "memory",
     "cuda-kernel-fault": "memory",
 }
-RULE_AREA = {"torch-import-missing-library": "torch", "torch-import-fails": "torch",
-             "cuda-visible-devices-invalid": "accelerate"}
 PRECISION_CATEGORIES = {"bf16-unsupported", "fp16-unsupported-device", "fp8-unsupported"}
 
 
@@ -47,7 +47,7 @@ class EnvRuleError(ValueError):
 
 
 def area_of(rule: Rule) -> str:
-    return RULE_AREA.get(rule.id) or CATEGORY_AREA.get(rule.category, "accelerate")
+    return rule.area or CATEGORY_AREA.get(rule.category, "accelerate")
 
 
 _CHECKS: dict[str, Any] | None = None
@@ -56,7 +56,7 @@ _CHECKS: dict[str, Any] | None = None
 def env_checks() -> dict[str, Any]:
     global _CHECKS
     if _CHECKS is None:
-        _CHECKS = checks_in(*CHECK_MODULES)
+        _CHECKS = checks_in(*CHECK_MODULES, machine)
     return _CHECKS
 
 
@@ -74,7 +74,7 @@ def env_rules(rules: list[Rule] | None = None) -> list[Rule]:
         from ..rulebase import load
 
         rules = load()
-    return [r for r in rules if r.kind == "env"]
+    return [r for r in rules if r.kind == "env" and not r.refines]  # refinements speak under a log finding
 
 
 def make_view(snapshot: dict[str, Any], mixed_precision: str | None = None,
@@ -87,7 +87,7 @@ def make_view(snapshot: dict[str, Any], mixed_precision: str | None = None,
 
 def mode_verdicts(snapshot: dict[str, Any], rules: list[Rule], plan: Any) -> list[dict[str, Any]]:
     """Each precision mode as if it had been asked for: would it work here, and as what?"""
-    precision_rules = [r for r in rules if r.category in PRECISION_CATEGORIES]
+    precision_rules = [r for r in rules if r.category in PRECISION_CATEGORIES and r.kind == "env" and not r.refines]
     out = []
     for mode in MODES:
         view = EnvView(snapshot, requested=mode, plan=plan)
@@ -285,7 +285,7 @@ def judge(snapshot: dict[str, Any], *, mixed_precision: str | None = None, rules
     view = make_view(snapshot, mixed_precision, requested_from)
     view.observed = dict(observed or {})
     outcomes = run_rules(view, rules_env, observed)
-    findings = rank_findings([f for o in outcomes for f in o.findings])
+    findings = conclude([f for o in outcomes for f in o.findings], {r.id: r for r in rules_env})
     modes = mode_verdicts(snapshot, rules_env, view.plan) if view.requested is None else []
     matrix = fp8_matrix(view)
     checklist = _checklist(view, outcomes, modes, matrix)

@@ -3,9 +3,11 @@ explanation of a log.
 
 A log says what failed; the snapshot says on what. Each log finding gets the
 environment findings of its own kind (judged with the precision the log points at),
-plus a few direct sentences where a fact settles the question: a bf16 cuBLAS failure
-on a V100 says "your Tesla V100 (sm_70) has no bf16: use fp16"; an OOM in fp32 on a
-24 GiB GPU says which half precision that GPU has.
+framed by the [on_this_machine] words of rules/_frames.toml, and the sentences of the
+refinement rules (rules/env/machine-*.toml: `refines = [categories]`) whose check the
+machine's facts settle: a bf16 cuBLAS failure on a V100 says "your Tesla V100 (sm_70)
+has no bf16: use fp16"; an OOM in fp32 on a 24 GiB GPU says which half precision that
+GPU has. Every word is a rule's; the finding is re-rendered by the one assembler.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..findings import Evidence, Finding, Report
-from ..knowledge.units import gib
+from ..engine.assemble import assemble
+from ..engine.judge import judge_rules
+from ..engine.rule import Rule
+from ..findings import Finding, Report
 
 # Which environment categories can explain a log finding of a category.
 RELATED: dict[str, set[str]] = {
@@ -59,108 +63,79 @@ def mode_hint(f: Finding) -> str | None:
     return None
 
 
-def _prepend_fix(f: Finding, fix: str) -> None:
-    if fix not in f.fixes:
-        f.fixes.insert(0, fix)
+def refinement_findings(f: Finding, view: Any, rules: list[Rule]) -> list[Finding]:
+    """The refinement rules' findings for log finding `f` on the machine `view` (made
+    for `f`'s precision): each says one thing the machine settles."""
+    from .judge import env_checks
+
+    mine = [r for r in rules if r.kind == "env" and f.category in r.refines]
+    if not mine:
+        return []
+    view.hint = mode_hint(f)
+    return [x for o in judge_rules(view, mine, env_checks()) for x in o.findings]
 
 
-def _add_sentence(f: Finding, sentence: str, first: bool = False) -> None:
-    if sentence in f.explanation:
-        return
-    f.explanation = (sentence + " " + f.explanation).strip() if first else (f.explanation + " " + sentence).strip()
-
-
-def _lowest_gpu(view: Any) -> Any:
-    gpus = [g for g in view.gpus if g.vendor == "nvidia" and g.cc]
-    return min(gpus, key=lambda g: g.cc) if gpus else None
-
-
-def _direct(f: Finding, hint: str | None, view: Any) -> str | None:
-    """The sentences a single machine fact settles; returns a fix to add when no
-    environment finding brings one of its own."""
-    g = _lowest_gpu(view)
-    if g is None:
-        if f.category in ("cuda-unavailable", "half-op-not-implemented", "device-mismatch") and not view.gpus:
-            build = view.cuda_build or view.hip_build
-            _add_sentence(f, "This machine has no GPU torch can use" +
-                          (f" (torch {view.torch_version} is a CPU-only build)." if view.torch_ok and not build else "."))
-        return None
-    ev = Evidence(text=g.cc_text or "", line=None, source=g.cc_path)
-    if hint == "bf16" and f.category in ("bf16-unsupported", "cublas-cudnn-failure", "half-op-not-implemented",
-                                         "flash-attention-unsupported", "dtype-mismatch"):
-        if g.cc < (8, 0) and not view.rocm:
-            _add_sentence(f, f"Your {g.name} ({g.sm}) has no bf16: use fp16.", first=True)
-            f.facts.setdefault("machine_gpu", g.label)
-            return ("Train in fp16 on this GPU: `mixed_precision=\"fp16\"` in `Accelerator(...)` or the "
-                    "accelerate config (`accelerate launch --mixed_precision fp16`).")
-            f.evidence.append(ev)
-        else:
-            _add_sentence(f, f"Your {g.name} ({g.sm}) does support bf16 natively, so the GPU is not the cause.")
-            f.evidence.append(ev)
-    elif f.category == "flash-attention-unsupported" and g.cc < (8, 0):
-        _add_sentence(f, f"Your {g.name} ({g.sm}, {g.arch}) is older than Ampere: FlashAttention 2 cannot run on it.",
-                      first=True)
-        _prepend_fix(f, "Load the model with `attn_implementation=\"sdpa\"`.")
-        f.evidence.append(ev)
-    elif f.category == "out-of-memory":
-        mem = gib(g.total_memory_bytes)
-        requested = view.plan.requested if view.plan else None
-        if hint is None and requested in (None, "no"):
-            if g.cc >= (8, 0):
-                _add_sentence(f, f"Your {g.name} has {mem} and native bf16; the run looks like fp32, where bf16 "
-                                 "mixed precision roughly halves activation memory.")
-                _prepend_fix(f, f"Train in bf16 on this {g.name}: `Accelerator(mixed_precision=\"bf16\")` "
-                                "(or `accelerate launch --mixed_precision bf16`).")
-            elif g.cc >= (7, 0):
-                _add_sentence(f, f"Your {g.name} has {mem} and no bf16, but fast fp16: fp16 mixed precision roughly "
-                                 "halves activation memory.")
-                _prepend_fix(f, "Train in fp16 on this GPU: `Accelerator(mixed_precision=\"fp16\")`.")
-            f.evidence.append(Evidence(text=mem or "", line=None, source=g.cc_path.replace("capability", "total_memory_bytes")))
-        f.facts.setdefault("machine_gpu_memory", mem)
-    elif f.category == "no-kernel-image":
-        archs = " ".join(view.torch.get("arch_list") or [])
-        if archs:
-            _add_sentence(f, f"Your {g.name} is {g.sm}; this torch ({view.torch_version}) was built for {archs}.", first=True)
-            f.evidence.append(Evidence(text=archs, line=None, source="torch.arch_list"))
-        f.evidence.append(ev)
-    elif f.category == "driver-too-old" and view.nvml_ok:
-        drv = view.nvml.get("driver_version")
-        _add_sentence(f, f"This machine's driver is {drv}; torch is built with CUDA {view.cuda_build or '?'}.")
-        f.evidence.append(Evidence(text=str(drv), line=None, source="nvml.driver_version"))
-    return None
-
-
-def sharpen_finding(f: Finding, view_for: Any) -> None:
+def sharpen_finding(f: Finding, view_for: Any, rules: list[Rule], by_id: dict[str, Rule]) -> None:
     hint = mode_hint(f)
     view, env_report = view_for(hint)
-    fallback_fix = _direct(f, hint, view)
     related = RELATED.get(f.category, {f.category})
-    added = False
+    refinements = list(f.refinements)
+    evidence = list(f.evidence)
+    machine = list(f.facts.get("machine_findings") or [])
+    machine_error = False
+    seen_ev = [e.to_dict() for e in evidence]
     for e in env_report.findings:
         if e.category not in related or (e.severity == "info" and f.category != "driver-too-old"):
             continue
-        _add_sentence(f, f"On this machine: {e.title}.")
-        added = added or e.severity == "error"
-        if e.fixes and e.fixes[0] not in f.fixes:
-            if e.severity == "error":  # the machine's own cause comes first
-                f.fixes.insert(0, e.fixes[0])
-            else:
-                f.fixes.append(e.fixes[0])
+        machine_error = machine_error or e.severity == "error"
+        # the machine's own cause comes first among the fixes
+        refinements.append(("last", "first" if e.severity == "error" else "last", "on_this_machine",
+                            {"title": e.title, "fix": e.fixes[0] if e.fixes else None}))
         for ev in e.evidence:
-            if ev.to_dict() not in [x.to_dict() for x in f.evidence]:
-                f.evidence.append(ev)
-        f.facts.setdefault("machine_findings", [])
-        if e.rule not in f.facts["machine_findings"]:
-            f.facts["machine_findings"].append(e.rule)
-    if fallback_fix and not added:
-        _prepend_fix(f, fallback_fix)
+            if ev.to_dict() not in seen_ev:
+                evidence.append(ev)
+                seen_ev.append(ev.to_dict())
+        if e.rule not in machine:
+            machine.append(e.rule)
+    added_facts: dict[str, Any] = {}
+    for r in refinement_findings(f, view, rules):
+        rule = by_id[r.rule]
+        fixes_at = None if (rule.fix_when_alone and machine_error) else rule.fix_position
+        refinements.append((rule.position, fixes_at, rule, dict(r.all_facts or r.facts)))
+        for k, v in r.facts.items():
+            if k.startswith("machine_"):
+                added_facts.setdefault(k, v)
+        for ev in r.evidence:
+            if ev.to_dict() not in seen_ev:
+                evidence.append(ev)
+                seen_ev.append(ev.to_dict())
+    if len(refinements) == len(f.refinements):
+        return
+    own = by_id.get(f.rule)
+    if own is None:
+        return
+    facts = dict(f.all_facts if f.all_facts is not None else f.facts)
+    for k, v in added_facts.items():
+        facts.setdefault(k, v)
+    if machine:
+        facts["machine_findings"] = machine
+    fresh = assemble(own, facts, evidence, count=f.count, ranks=f.ranks, likely=f.likely, refinements=refinements)
+    f.title, f.explanation, f.fixes = fresh.title, fresh.explanation, fresh.fixes
+    f.evidence, f.refinements = fresh.evidence, fresh.refinements
+    f.facts = {**f.facts, **{k: v for k, v in fresh.facts.items() if k not in f.facts}}
+    f.all_facts = fresh.all_facts
 
 
-def sharpen_with(report: Report, snap: dict[str, Any], source: str) -> None:
+def sharpen_with(report: Report, snap: dict[str, Any], source: str, rules: list[Rule] | None = None) -> None:
     """Amend the findings of `report` with the facts of the snapshot `snap` (judged once
     per precision a finding hints at)."""
     from .judge import judge, make_view
 
+    if rules is None:
+        from ..rulebase import load
+
+        rules = load()
+    by_id = {r.id: r for r in rules}
     cache: dict[str | None, tuple[Any, Report]] = {}
 
     def view_for(hint: str | None) -> tuple[Any, Report]:
@@ -169,5 +144,5 @@ def sharpen_with(report: Report, snap: dict[str, Any], source: str) -> None:
         return cache[hint]
 
     for f in report.findings:
-        sharpen_finding(f, view_for)
+        sharpen_finding(f, view_for, rules, by_id)
     report.input["snapshot"] = source

@@ -9,10 +9,10 @@ import json
 import os
 from typing import Any
 
-from ..engine.assemble import merge_findings, supersede
+from ..engine.assemble import conclude
 from ..engine.judge import checks_in, judge_rules
 from ..engine.rule import Rule
-from ..findings import Finding, rank_findings
+from ..findings import Finding
 from . import checks as probe_checks
 from .evidence import ProbeView, read_probe_evidence
 
@@ -57,9 +57,9 @@ def judge_mode(evidence: dict[str, Any], rules: list[Rule], stderr: str = "") ->
                                    "internal_errors": []}]}
     run = judge_run(run_evidence, rules, output=stderr, observed={k: v for k, v in observed.items() if v},
                     requested_from=f"the probe's {view.mode} mode")
-    findings += [f for f in run.findings if f.rule != "precision-plan"]
-    findings = merge_findings(supersede(findings, by_id), by_id, same_sighting=True)
-    return rank_findings([_as_trial(tagged(f, view.mode)) for f in findings])
+    # the precision summary: the probe's own table says it
+    findings += [f for f in run.findings if not (f.rule in by_id and by_id[f.rule].only_in_trouble)]
+    return [_as_trial(tagged(f, view.mode)) for f in conclude(findings, by_id, same_sighting=True)]
 
 
 def _as_trial(f: Finding) -> Finding:
@@ -77,8 +77,11 @@ def save_evidence(evidence: dict[str, Any]) -> None:
         return
     try:
         os.makedirs(folder, exist_ok=True)
+        # a file mpdoctor writes: no secret in it
+        from ..redact import redact_record
+
         with open(os.path.join(folder, f"probe-{evidence['mode']}.json"), "w", encoding="utf-8") as fh:
-            json.dump(evidence, fh, indent=1, default=str)
+            json.dump(redact_record(evidence), fh, indent=1, default=str)
     except OSError:
         pass
 

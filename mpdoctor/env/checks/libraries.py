@@ -8,7 +8,14 @@ import re
 from typing import Any
 
 from ...engine.judge import Hit, Result, Skip, check
-from ...knowledge.versions import compare, cudnn_version, parse_requires_dist, release, satisfies
+from ...knowledge import compat
+from ...knowledge.versions import (
+    compare,
+    cudnn_version,
+    parse_requires_dist,
+    release,
+    satisfies,
+)
 from ..view import EnvView
 from ._common import torch_missing
 

@@ -27,7 +27,8 @@ _KNOWN_KEYS = {
     "id", "kind", "category", "severity", "title", "priority", "consequence",
     "patterns", "unless", "requires", "excludes", "context", "min_count", "derive",
     "check", "explanation", "fixes", "references", "versions", "doc", "example",
-    "near_miss", "summary", "supersedes", "unrendered", "quiet",
+    "near_miss", "summary", "supersedes", "unrendered", "quiet", "words", "each", "area", "only_in_trouble", "refines", "position", "fix_position",
+    "fix_when_alone",
 }
 # Which evidence an example of each kind may name.
 _EXAMPLE_KEYS = {"log": ("text", "file", "events"), "env": ("snapshot", "events", "probe"), "run": ("events",),
@@ -75,7 +76,7 @@ def _text_list(path: Path, rid: str, data: dict, key: str) -> list[str]:
     return [x.strip() for x in v if x.strip()]
 
 
-def _examples(path: Path, rid: str, data: dict, key: str, kind: str) -> list[Example]:
+def _examples(path: Path, rid: str, data: dict, key: str, kind: str, refines: bool = False) -> list[Example]:
     raw = data.get(key, [])
     if not isinstance(raw, list):
         raise RuleError(path, rid, f"'{key}' must be an array of tables ([[{key}]])")
@@ -88,7 +89,10 @@ def _examples(path: Path, rid: str, data: dict, key: str, kind: str) -> list[Exa
             raise RuleError(path, rid, f"{key}[{i}] has unknown keys: {', '.join(sorted(unknown))}")
         allowed = _EXAMPLE_KEYS[kind]
         given = [k for k in ("text", "file", "snapshot", "events", "probe") if k in item]
-        if len(given) != 1 or given[0] not in allowed:
+        if refines:  # a refinement: a log (text or file) explained with a machine's snapshot
+            if "snapshot" not in given or len(given) != 2 or not ({"text", "file"} & set(given)):
+                raise RuleError(path, rid, f"{key}[{i}] of a refinement rule needs a snapshot and a log (text or file)")
+        elif len(given) != 1 or given[0] not in allowed:
             raise RuleError(path, rid, f"{key}[{i}] of a {kind} rule needs exactly one of {' or '.join(allowed)}")
         if "facts" in item and not isinstance(item["facts"], dict):
             raise RuleError(path, rid, f"{key}[{i}]: 'facts' must be a table")
@@ -98,7 +102,8 @@ def _examples(path: Path, rid: str, data: dict, key: str, kind: str) -> list[Exa
 
 
 _KW = ("id", "kind", "category", "severity", "title", "titles", "priority", "consequence", "literals",
-       "min_count", "supersedes", "derive", "derive_module", "check", "quiet")
+       "min_count", "supersedes", "derive", "derive_module", "check", "quiet", "area", "only_in_trouble",
+       "refines", "position", "fix_position", "fix_when_alone")
 _PATTERN_KEYS = ("patterns", "unless", "requires", "excludes", "context")
 
 
@@ -154,7 +159,7 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     for key in ("priority", "min_count"):
         if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool)):
             raise RuleError(path, rid, f"'{key}' must be a whole number, not {data[key]!r}")
-    for key in ("consequence", "quiet"):
+    for key in ("consequence", "quiet", "only_in_trouble", "fix_when_alone"):
         if key in data and not isinstance(data[key], bool):
             raise RuleError(path, rid, f"'{key}' must be true or false")
     if "doc" in data and not isinstance(data["doc"], dict):
@@ -162,7 +167,23 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
     if "unrendered" in data and not (isinstance(data["unrendered"], dict)
                                      and all(isinstance(v, str) for v in data["unrendered"].values())):
         raise RuleError(path, rid, "'unrendered' must be a table of \"explanation.N\" / \"fixes.N\" / \"title.N\" = \"why no example renders it\"")
-    for key in ("derive", "check"):
+    words = data.get("words", {})
+    if not (isinstance(words, dict) and all(isinstance(t, dict) and all(
+            isinstance(w, str) or (isinstance(w, list) and w and all(isinstance(x, str) for x in w))
+            for w in t.values()) for t in words.values())):
+        raise RuleError(path, rid, "'words' must be tables of code = \"words\" ([words.FACT])")
+    each = data.get("each", {})
+    if not (isinstance(each, dict) and all(isinstance(t, str) or (isinstance(t, list) and t and all(
+            isinstance(x, str) for x in t)) for t in each.values())):
+        raise RuleError(path, rid, "'each' must be a table of FACT = \"template for one record\" (or a list of "
+                                   "them: the first whose facts are known)")
+    refines = data.get("refines", [])
+    if not (isinstance(refines, list) and all(c in CATEGORIES for c in refines)) or (refines and kind != "env"):
+        raise RuleError(path, rid, "'refines' is a list of categories (docs/categories.md), for env rules only")
+    for key in ("position", "fix_position"):
+        if data.get(key, "last") not in ("first", "last"):
+            raise RuleError(path, rid, f"'{key}' must be \"first\" or \"last\"")
+    for key in ("derive", "check", "area"):
         if key in data and not isinstance(data[key], str):
             raise RuleError(path, rid, f"'{key}' must be a string")
     if kind != "log" and "check" not in data:
@@ -173,6 +194,14 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         priority=int(data.get("priority", 50)),
         consequence=bool(data.get("consequence", False)),
         quiet=bool(data.get("quiet", False)),
+        area=data.get("area"),
+        only_in_trouble=bool(data.get("only_in_trouble", False)),
+        refines=list(refines),
+        position=data.get("position", "last"),
+        fix_position=data.get("fix_position", data.get("position", "last")),
+        fix_when_alone=bool(data.get("fix_when_alone", False)),
+        words={str(k): dict(v) for k, v in words.items()},
+        each=dict(each),
         min_count=int(data.get("min_count", 1)),
         supersedes=_text_list(path, rid, data, "supersedes"),
         derive=data.get("derive"),
@@ -182,8 +211,10 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         references=_text_list(path, rid, data, "references"),
         versions=str(data.get("versions", "")),
         doc={k: str(v).strip() for k, v in dict(data.get("doc", {})).items()},
-        examples=_examples(path, rid, data, "example", kind) if validated else cached_examples(data, "example"),
-        near_misses=_examples(path, rid, data, "near_miss", kind) if validated else cached_examples(data, "near_miss"),
+        examples=(_examples(path, rid, data, "example", kind, bool(refines)) if validated
+                  else cached_examples(data, "example")),
+        near_misses=(_examples(path, rid, data, "near_miss", kind, bool(refines)) if validated
+                     else cached_examples(data, "near_miss")),
         derive_module=derive_module,
         unrendered={str(k): str(v) for k, v in dict(data.get("unrendered", {})).items()},
     )
@@ -208,6 +239,7 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
             raise RuleError(path, rid, f"derive {rule.derive!r} is not one of: {', '.join(deriver_names())}")
         rule.derive_module = module_of(rule.derive)
     _check_unrendered_keys(path, rule)
+    _check_unexercised_keys(path, rule, data.get("unexercised", {}))
     if vocabulary is not None and validated:
         problem = vocabulary.problem(rule)
         if problem:
@@ -224,6 +256,23 @@ def _check_unrendered_keys(path: "Path | str", rule: Rule) -> None:
                                            f"or title.N, counting from 1)")
 
 
+# [unexercised]: a pattern no example matches, and why ("patterns.3" = "why"): read by
+# engine.selftest, which fails a rule whose pattern no example matches unless excused here.
+_KNOWN_KEYS.add("unexercised")
+
+
+def _check_unexercised_keys(path: "Path | str", rule: Rule, table: Any) -> None:
+    if not (isinstance(table, dict) and all(isinstance(v, str) and v.strip() for v in table.values())):
+        raise RuleError(path, rule.id, "'unexercised' must be a table of \"patterns.N\" / \"context.N\" / "
+                                       "\"requires.N\" = \"why no example matches it\"")
+    for key in table:
+        part, _, n = key.partition(".")
+        pats = {"patterns": rule.patterns, "context": rule.context, "requires": rule.requires}.get(part)
+        if pats is None or not n.isdigit() or not 1 <= int(n) <= len(pats):
+            raise RuleError(path, rule.id, f"unexercised: {key!r} names no pattern (use patterns.N, context.N "
+                                           f"or requires.N, counting from 1)")
+
+
 def _builtin_rules_dir() -> str:
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     shipped = os.path.join(here, "builtin_rules")  # inside the wheel
@@ -232,10 +281,9 @@ def _builtin_rules_dir() -> str:
     return os.path.join(os.path.dirname(here), "rules")  # a source checkout / editable install
 
 
-def builtin_rules_dir() -> "Path":
-    from pathlib import Path
-
-    return Path(_builtin_rules_dir())
+def builtin_rules_path() -> str:
+    """The built-in rules folder (a str: no pathlib on explain's start)."""
+    return _builtin_rules_dir()
 
 
 def _dirs(extra: "list[str | Path] | None" = None) -> list[str]:
@@ -247,12 +295,6 @@ def _dirs(extra: "list[str | Path] | None" = None) -> list[str]:
     for d in extra or []:
         dirs.append(os.path.expanduser(str(d)))
     return dirs
-
-
-def rule_dirs(extra: "list[str | Path] | None" = None) -> "list[Path]":
-    from pathlib import Path
-
-    return [Path(d) for d in _dirs(extra)]
 
 
 def _rule_files(directory: "str | Path") -> list[str]:
@@ -270,8 +312,8 @@ def _rule_files(directory: "str | Path") -> list[str]:
         try:
             with os.scandir(d) as it:
                 for entry in it:
-                    if entry.name.startswith("."):
-                        continue
+                    if entry.name.startswith((".", "_")):
+                        continue  # hidden, or not a rule (rules/_frames.toml: words that frame a rule's)
                     try:
                         link = entry.is_symlink()
                         if link:

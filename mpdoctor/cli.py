@@ -15,25 +15,29 @@ from .commands import COMMANDS, EXIT_CODES, guarded, load
 
 MAIN_HELP = """\
 mpdoctor diagnoses mixed-precision (fp16 / bf16 / fp8) training problems with
-PyTorch and Hugging Face accelerate: it names the root cause, explains it with the
-evidence from your own log and machine, and says what to change.
+PyTorch and Hugging Face accelerate: it names the root cause, explains it with
+the evidence from your own log and machine, and says what to change.
 
 examples:
-  mpdoctor explain train.log            # a traceback or a whole log -> root cause + fix
+  mpdoctor explain train.log          # a traceback or a log -> cause + fix
   python train.py 2>&1 | mpdoctor explain -
-  mpdoctor check                        # is this machine ready for the precision I want?
+  mpdoctor check                      # is this machine ready for fp16/bf16?
   mpdoctor check --mixed-precision bf16
-  mpdoctor collect -o env.json          # snapshot the environment ...
-  mpdoctor check --snapshot env.json    # ... and judge it anywhere
-  mpdoctor run -- python train.py       # wrap a failing run and diagnose it live
-  mpdoctor probe                        # measure no/fp16/bf16/fp8 on this machine
-  mpdoctor rules list                   # the knowledge base; `rules show ID`, `rules test`
+  mpdoctor collect -o env.json        # snapshot the environment ...
+  mpdoctor check --snapshot env.json  # ... and judge it anywhere
+  mpdoctor run -- python train.py     # wrap a failing run, diagnose it live
+  mpdoctor probe                      # measure no/fp16/bf16/fp8 here
+  mpdoctor rules list                 # the knowledge base; `rules show ID`
+
+`mpdoctor` alone lists the commands on standard output and exits 0 (as pip
+does); a wrong option names itself in its command's usage, exit status 2.
 """
 
 
 def _terminal_columns() -> int:
     """`shutil.get_terminal_size().columns`, as argparse asks it for every parser and
-    argument, without importing shutil (with bz2, lzma, zlib: a few ms of the start)."""
+    argument, without importing shutil (with bz2, lzma, zlib: a few ms of the start);
+    80 for COLUMNS=0, a negative or garbled value, or a terminal that says 0."""
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
@@ -43,7 +47,7 @@ def _terminal_columns() -> int:
             columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
         except (AttributeError, ValueError, OSError):
             columns = 0
-    return columns or 80
+    return columns if columns > 0 else 80
 
 
 _FORMATTERS: tuple[type, type] | None = None
@@ -64,7 +68,19 @@ def formatters() -> tuple[type, type]:
                                  _terminal_columns() - 2 if width is None else width, **kwargs)
 
         class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
-            pass
+            def _fill_text(self, text: str, width: int, indent: str) -> str:
+                # the descriptions and epilogs keep their lines, but none wider than the
+                # terminal: a longer one breaks at spaces, under its own indent
+                from .render import cells, wrap
+
+                out: list[str] = []
+                for line in text.splitlines():
+                    body = line.lstrip(" ")
+                    if cells(indent + line) <= width or not body:
+                        out.append(indent + line)
+                    else:
+                        out += wrap(body, max(width, 20), indent=len(indent) + len(line) - len(body))
+                return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
         _FORMATTERS = (HelpFormatter, RawDescriptionHelpFormatter)
     return _FORMATTERS
@@ -151,17 +167,137 @@ def fast_explain_args(argv: list[str]) -> Any:
     return SimpleNamespace(command="explain", path=path, rules=[], snapshot=None, _main=explain_main, **values)
 
 
+def short_usage() -> str:
+    """What bare `mpdoctor` prints (pip's convention: the commands, on stdout, exit 0)."""
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: mpdoctor COMMAND [OPTIONS]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_module, summary) in COMMANDS.items()]
+    lines += ["", "`mpdoctor COMMAND --help` for a command's options and examples,",
+              "`mpdoctor --help` for the whole picture."]
+    return "\n".join(lines) + "\n"
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _looks_positional(token: str) -> bool:
+    # `-` is standard input; `-1` and `-.5` are numbers (argparse reads them as values)
+    return token == "-" or not token.startswith("-") or token[1:].replace(".", "", 1).isdigit()
+
+
+def unknown_option(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.ArgumentParser, str] | None:
+    """(the parser of the command it was given to, the option) for the first option no
+    parser on the way knows: `mpdoctor explain --frmat json x` is explain's error about
+    `--frmat`, not the top level's about `json` and `x`. After `--`, and after `run`'s
+    command starts, every word is the command's."""
+    current, i = parser, 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token == "--":
+            return None
+        if _looks_positional(token):
+            subs = _subcommands(current)
+            if token in subs:
+                current = subs[token]
+            elif current.prog.endswith(" run"):
+                return None  # the wrapped command's own words
+            continue
+        name = token.split("=", 1)[0]
+        actions = current._option_string_actions
+        known = [o for o in actions if o == name] or [o for o in actions if name.startswith("--") and o.startswith(name)]
+        if not known and not name.startswith("--") and name[:2] in actions:
+            if actions[name[:2]].nargs is None:  # -oFILE: a short option and its value
+                continue
+            if all(f"-{c}" in actions and actions[f"-{c}"].nargs == 0 for c in name[1:]):  # -vh
+                continue
+        if not known:
+            return current, token
+        action = actions[known[0]]
+        if "=" not in token and action.nargs is None and i < len(argv):
+            i += 1  # its value, whatever it looks like
+    return None
+
+
+def _option_error(parser: argparse.ArgumentParser, token: str) -> None:
+    import difflib
+
+    name = token.split("=", 1)[0]
+    longs = [o for o in parser._option_string_actions if o.startswith("--")]
+    close = difflib.get_close_matches(name, longs, n=1, cutoff=0.75)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; see `{parser.prog} --help`"
+    parser.error(f"unrecognized option '{name}'{hint}")
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, args: Any) -> argparse.ArgumentParser:
+    """The parser of the (sub)command the arguments chose: the one whose usage fits."""
+    import argparse
+
+    while True:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+                parser = action.choices[getattr(args, action.dest)]
+                break
+        else:
+            return parser
+
+
+def _replace_unencodable() -> None:
+    """A stdout that cannot encode every character (LC_ALL=C without UTF-8, a Latin-1
+    locale, PYTHONIOENCODING=latin-1) shows `?` for what it cannot encode, instead of
+    mpdoctor stopping on a UnicodeEncodeError."""
+    stream = sys.stdout
+    try:
+        if stream is not None and stream.errors == "strict" and \
+                stream.encoding.lower().replace("-", "").replace("_", "") != "utf8":
+            stream.reconfigure(errors="replace")
+    except (AttributeError, ValueError, LookupError):  # not a TextIOWrapper (a test's capture)
+        pass
+
+
+def _stdout_needed(args: Any) -> bool:
+    """Whether the command's report goes to standard output (run reports on stderr;
+    collect -o writes a file)."""
+    command = getattr(args, "command", None)
+    return not (command == "run" or (command == "collect" and getattr(args, "output", None)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _replace_unencodable()
     fast = fast_explain_args(argv)
     if fast is not None:
-        return guarded(fast._main, fast)
+        return _start(fast)
+    if not argv:
+        if sys.stdout is not None:
+            sys.stdout.write(short_usage())
+        return 0
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in COMMANDS else None)
-    args: Any = parser.parse_args(argv)
+    bad = unknown_option(parser, argv)
+    if bad is not None:
+        _option_error(*bad)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
-        parser.print_help()
+        if sys.stderr is not None:
+            sys.stderr.write(short_usage())
         return 2
+    return _start(args)
+
+
+def _start(args: Any) -> int:
+    if sys.stdout is None and _stdout_needed(args):  # started with `>&-`
+        from .commands import fail
+
+        return fail("standard output is closed: there is nowhere to write the report")
     return guarded(args._main, args)
 
 

@@ -8,9 +8,22 @@ through here just before it leaves mpdoctor. What is cut, whatever the input:
   Google `AIza`, GitLab `glpat-`, PyPI `pypi-`, npm `npm_`, JWTs `eyJ…`, `Bearer …`);
 - credentials in URLs (`https://user:pass@host`) and secret query parameters
   (`?token=`, `&api_key=`, `&X-Amz-Signature=` …);
-- values named like secrets: `HF_TOKEN=…`, `password: …`, `"api_key": "…"`,
-  `--hub_token X` / `--hub-token=X` in command lines, and in configs (dicts and lists)
-  at any depth (`deepspeed_config.wandb.api_key`, `comet.api_key`).
+- values named like secrets: `HF_TOKEN=…`, `HF_TOKEN    = …` (any spacing), `password: …`,
+  `"api_key": "…"`, `--hub_token X` / `--hub-token=X` in command lines, and in configs
+  (dicts and lists) at any depth (`deepspeed_config.wandb.api_key`, `comet.api_key`);
+- argument lists in any quoting: a Python list's repr (`CalledProcessError: Command
+  '[..., '--hub_token', 'X']'`), JSON arrays (`["--hub_token", "X"]`, escaped inside a
+  JSON string too), shell words (`'--hub_token' 'X'`); subscripts and calls
+  (`os.environ["WANDB_API_KEY"] = "X"`, `os.environ.setdefault("HF_TOKEN", "X")`);
+- `wandb.login(key="…")`, a `key` holding 32+ hex digits, netrc's `password X`
+  (`machine h login u password p`, or a line of its own);
+- what a clip cut short (`https://user:pass…`, a token's head before `…`, a private
+  key block without its END): `clip()` cuts secrets first, then the text.
+
+`inert()` shows control characters (OSC 52 clipboard writes, `\x1b[2J`, C1 controls,
+bidirectional overrides) as visible escapes; `Scrubber` applies redaction, --anonymize
+and `inert` as the last step of every face's output, `redact_record` to the files
+mpdoctor writes on the side (MPDOCTOR_SAVE_EVENTS, MPDOCTOR_SAVE_PROBE).
 
 Patterns are not anchored on `\\b` (an `_` before a token must not hide it) and each
 is linear in its input (every repetition starts only where a word starts). Only the
@@ -30,7 +43,6 @@ from __future__ import annotations
 import os
 import re
 from typing import Any, Callable
-
 
 
 class _Lazy:
@@ -161,11 +173,27 @@ _QUERY = _Lazy(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.\[\]-]{1,64})=)(?P<val>[^&#\s
 # Only the head (name and separator) is matched; the value is read after it, so that a
 # plain `code: /x/run_HF_TOKEN=...` does not swallow the secret assignment inside it.
 _ASSIGN_HEAD = _Lazy(
-    r"(?<![A-Za-z0-9_.$-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,80})(?P<q1>[\"']?)(?P<sep>[ \t]{0,3}(?:=>|[:=])[ \t]{0,3})"
+    r"(?<![A-Za-z0-9_.$-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,80})(?P<q1>[\"']?)(?P<sep>[ \t]*(?:=>|[:=])[ \t]*)"
 )
+# a quoted name, then a separator: an argument list in any quoting (`'--hub_token', 'x'`
+# in a Python list repr, `["--hub_token", "x"]` in JSON, `\"--hub_token\", \"x\"` inside a
+# JSON string, `"--hub_token" "x"` as shell words) and a subscript or call
+# (`os.environ["WANDB_API_KEY"] = "x"`, `os.environ.setdefault("HF_TOKEN", "x")`)
+_QUOTED_HEAD = _Lazy(
+    r"(?P<q>\\{0,2}[\"'])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]{0,80}|[A-Za-z_][A-Za-z0-9_.]{0,80})(?P=q)"
+    r"(?P<sep>[ \t]*(?:\][ \t]*)?(?:,|=(?![=~])|:)?[ \t]*)"
+)
+# netrc: `machine h login u password p` on one line, or `password p` as a line of its own
+_NETRC = _Lazy(r"(?m)(?:(?<![A-Za-z0-9_.-])(?:machine|default|login|account)[ \t][^\n]{0,300}?[ \t]|^[ \t]*)"
+               r"(?P<name>password|passwd)[ \t]+(?P<val>[^\s]+)(?=[ \t]*$|[ \t]+(?:machine|default|login|account|macdef)\b)")
+# a login call's key (`wandb.login(key="...")`, `wandb.login(key='...', relogin=True)`)
+_LOGIN_CALL = _Lazy(r"(?i)(?<![A-Za-z0-9_])login[ \t]*\((?P<args>[^()\n]{0,400})\)")
+_CALL_KEY = _Lazy(r"(?<![A-Za-z0-9_])(?P<pre>(?:key|api_key|token)[ \t]*=[ \t]*)(?P<q>[\"']?)(?P<val>[^\"',)\s]+)(?P=q)")
+_HEX_SECRET = _Lazy(r"[0-9a-fA-F]{32,}")
 # --flag value / --flag=value / -flag value inside a line
 _FLAG_HEAD = _Lazy(r"(?<![A-Za-z0-9-])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]{0,80})(?P<sep>=|[ \t]+)")
-_VALUE_QUOTED = _Lazy(r"([\"'])([^\"'\n]*)\1")
+# a quoted value, its quote escaped once or twice inside a JSON string (`\"x\"`)
+_VALUE_QUOTED = _Lazy(r"(\\{0,2}[\"'])([^\"'\n\\]*(?:\\(?![\"'])[^\"'\n\\]*)*)\1")
 _VALUE_BARE = _Lazy(r"[^\s\"',;&)}\]>]+")
 _VALUE_ARG = _Lazy(r"[^\s\"',;)\]}>-][^\s\"',;)\]}>]*")
 _HARMLESS_VALUES = frozenset({"none", "null", "true", "false", "", "0", "1", "yes", "no", "bearer", "basic",
@@ -183,11 +211,22 @@ def _metavar(name: str, value: str) -> bool:
     return value.replace("-", "_").upper() == norm and value.isupper()
 
 
+def _names_a_key(name: str) -> bool:
+    """`key`, `wandb_key`: a name too common in logs to be secret by itself, whose value
+    is one when it has the shape of an API key (32 or more hex digits: W&B's is 40)."""
+    words = _words(name.lstrip("-"))
+    return bool(words) and words[-1] == "key"
+
+
 def _redact_named(text: str, head: _Lazy, is_secret: Callable[[str], bool], bare: _Lazy) -> str:
     out: list[str] = []
     pos = 0
     for m in head.finditer(text):
-        if m.start() < pos or not is_secret(m.group("name")):
+        if m.start() < pos:
+            continue
+        name = m.group("name")
+        secret = is_secret(name)
+        if not secret and not _names_a_key(name):
             continue
         q = _VALUE_QUOTED.match(text, m.end())
         if q:
@@ -197,13 +236,93 @@ def _redact_named(text: str, head: _Lazy, is_secret: Callable[[str], bool], bare
             if v is None:
                 continue
             span, value = v.span(), v.group()
-        if _keep_value(value) or _metavar(m.group("name"), value):
+        if not secret and not _HEX_SECRET.fullmatch(value):
+            continue
+        if _keep_value(value) or _metavar(name, value):
             continue
         out.append(text[pos:span[0]])
         out.append(REDACTED)
         pos = span[1]
     out.append(text[pos:])
     return "".join(out)
+
+
+def _quoted_name_is_secret(name: str, sep: str) -> bool:
+    if name.startswith("-"):  # an argument of an argument list: as redact_argv judges it
+        return is_secret_name(name)
+    if not sep:  # `"HF_TOKEN" "x"`: two strings, not a name and its value
+        return False
+    if sep.endswith(","):  # ("HF_TOKEN", "x"): a call's arguments; a plain word is a list's item
+        return len(_words(name)) >= 2 and _is_secret_name_in_text(name)
+    return _is_secret_name_in_text(name)
+
+
+def _redact_quoted(text: str) -> str:
+    """Values after a quoted secret name: `'--hub_token', 'x'`, `["--hub_token", "x"]`,
+    `\\"--hub_token\\", \\"x\\"`, `"--hub_token" "x"`, `os.environ["HF_TOKEN"] = "x"`,
+    `os.environ.setdefault("HF_TOKEN", "x")`."""
+    out: list[str] = []
+    pos = 0
+    for m in _QUOTED_HEAD.finditer(text):
+        if m.start() < pos:
+            continue
+        name, sep = m.group("name"), m.group("sep").replace(" ", "").replace("\t", "")
+        if not _quoted_name_is_secret(name, sep):
+            continue
+        q = _VALUE_QUOTED.match(text, m.end())
+        if q:
+            span, value = (q.start(2), q.end(2)), q.group(2)
+        elif sep.endswith(("=", ":")):
+            v = _VALUE_BARE.match(text, m.end())
+            if v is None:
+                continue
+            span, value = v.span(), v.group()
+        else:
+            continue
+        if value.startswith("-") or _keep_value(value) or _metavar(name, value):
+            continue
+        out.append(text[pos:span[0]])
+        out.append(REDACTED)
+        pos = span[1]
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _sub_login_call(m: re.Match) -> str:
+    """`wandb.login(key="...")`: the key's value, quoted or a bare key-shaped word (not
+    `key=os.environ["WANDB_API_KEY"]`, which holds none)."""
+    def key(k: re.Match) -> str:
+        value = k.group("val")
+        if _keep_value(value) or (not k.group("q") and not _BARE_KEY.fullmatch(value)):
+            return k.group(0)
+        return k.group("pre") + k.group("q") + REDACTED + k.group("q")
+
+    return m.group(0)[: m.start("args") - m.start()] + _CALL_KEY.sub(key, m.group("args")) + ")"
+
+
+_BARE_KEY = _Lazy(r"[A-Za-z0-9_-]{20,}")
+# where a clip (`…`) cut a secret before the part that marks it: a URL's credentials cut
+# before their `@`, a token cut short of its full length
+_CLIPPED = _Lazy(
+    r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<cred>[^/\s?#\"'<>@…]+)(?=…)"
+    r"|(?P<token>(?<![A-Za-z0-9])(?:hf_|api_org_|gh[pousr]_|github_pat_|sk-|[rs]k_(?:live|test)_|xox[abposr]-|xapp-|"
+    r"AKIA|ASIA|AIza|glpat-|pypi-|npm_|eyJ|r8_|gsk_)[A-Za-z0-9_.-]*)(?=…)"
+)
+_KEY_BLOCK_OPEN = _Lazy(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----(?!" + re.escape(REDACTED) + ")")
+
+
+def _sub_clipped(m: re.Match) -> str:
+    return m.group("scheme") + REDACTED if m.group("scheme") else REDACTED
+
+
+def _open_key_blocks(text: str) -> str:
+    """A private key block whose END was cut off (or never came): all after its BEGIN."""
+    m = _KEY_BLOCK_OPEN.search(text)
+    while m:
+        end = text.find("-----END ", m.end())
+        text = text[: m.end()] + REDACTED + (text[end:] if end >= 0 else "")
+        m = _KEY_BLOCK_OPEN.search(text, m.end() + len(REDACTED))
+    return text
 
 
 def _sub_query(m: re.Match) -> str:
@@ -240,9 +359,29 @@ def redact_text(text: str) -> str:
         text = _WANDB_LOGIN.sub(lambda m: m.group("pre") + REDACTED, text)
     if "-" in text:
         text = _redact_named(text, _FLAG_HEAD, _is_secret_name_in_text, _VALUE_ARG)
+    if '"' in text or "'" in text:
+        text = _redact_quoted(text)
     if "=" in text or ":" in text:
         text = _redact_named(text, _ASSIGN_HEAD, _is_secret_name_in_text, _VALUE_BARE)
+    if low is None or "pass" in low:
+        text = _NETRC.sub(lambda m: m.group(0)[: m.start("val") - m.start()] + REDACTED, text)
+    if low is None or "login" in low:
+        text = _LOGIN_CALL.sub(_sub_login_call, text)
+    if "…" in text:
+        text = _CLIPPED.sub(_sub_clipped, text)
+    if "PRIVATE KEY" in text:
+        text = _open_key_blocks(text)
     return text
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters (an ellipsis marking the cut), its secrets cut
+    first: a clip never leaves the start of a secret without the part that marks it
+    (a URL's credentials before their `@`, the head of a token)."""
+    if len(text) <= limit:
+        return text
+    text = redact_text(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # --- structures ----------------------------------------------------------------------
@@ -426,20 +565,93 @@ def anonymize_snapshot(snapshot: dict[str, Any], home: str | None = None, user: 
     return out
 
 
+# --- control characters ----------------------------------------------------------------
+
+# What a terminal obeys rather than shows: C0 controls but tab and newline (ESC starts
+# OSC 52 clipboard writes and `\x1b[2J`), DEL, C1 controls (`\x9b` is a CSI), and the
+# bidirectional overrides that make text read differently from what it is.
+_CONTROL = _Lazy("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def inert(text: str) -> str:
+    """`text` with every control character shown as a visible escape (`\\x1b`, `\\x07`,
+    `\\u202e`) instead of obeyed: what a rule file or a log says reaches a terminal as
+    text, never as a clipboard write or a cleared screen. Tab and newline stay; a CRLF
+    line end becomes a newline."""
+    if not isinstance(text, str) or (text.isprintable() and text.isascii()):
+        return text
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    return _CONTROL.sub(_visible, text)
+
+
+_ESCAPE_SEQUENCE = _Lazy(r"\x1b\[[0-9;:]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert_but_colour(text: str) -> str:
+    """As `inert`, but a colour sequence (SGR, `\\x1b[1;31m`) stays: for what rich itself
+    writes to a terminal, whose content was made inert before it styled it."""
+    if not _CONTROL.search(text):
+        return text
+    return _ESCAPE_SEQUENCE.sub(lambda m: m.group() if len(m.group()) > 1 else _visible(m), text)
+
+
+def _walk_keys(obj: Any, fn: Callable[[str], str]) -> Any:
+    """As _walk, the keys of dicts too (a user rule's table keys)."""
+    if isinstance(obj, str):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {(fn(k) if isinstance(k, str) else k): _walk_keys(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_walk_keys(v, fn) for v in obj]
+    return obj
+
+
 class Scrubber:
-    """What every output goes through: secrets always, home/user/host with anonymize."""
+    """What every output goes through, as its last step: secrets always, home/user/host
+    with anonymize, control characters made visible (`inert`)."""
 
     def __init__(self, anonymize: bool = False):
         self.anonymize = anonymize
         self._anon = anonymizer() if anonymize else None
 
-    def text(self, text: str) -> str:
+    def text(self, text: str, *, controls: bool = True) -> str:
+        """`controls=False`: for a stream rich styles (its colour sequences stay; any
+        other control character is still shown, not obeyed)."""
+        if not isinstance(text, str):
+            return text
         text = redact_text(text)
-        return self._anon(text) if self._anon is not None and isinstance(text, str) else text
+        if self._anon is not None:
+            text = self._anon(text)
+        return inert(text) if controls else inert_but_colour(text)
 
     def obj(self, obj: Any, *, by_name: bool = True) -> Any:
         out = redact_obj(obj, by_name=by_name)
-        return _walk(out, self._anon) if self._anon is not None else out
+        if self._anon is not None:
+            out = _walk(out, self._anon)
+        return _walk_keys(out, inert)
+
+
+def redact_record(obj: Any) -> Any:
+    """A document mpdoctor writes on the side (MPDOCTOR_SAVE_EVENTS, MPDOCTOR_SAVE_PROBE)
+    with its secrets cut as a snapshot's are: every string, secret-named keys at any
+    depth, and each environment section (`env`, `environ`) by variable name."""
+    out = redact_obj(obj)
+
+    def envs(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (redact_env(v) if k in ("env", "environ", "environment") and isinstance(v, dict)
+                        and all(isinstance(x, str) for x in v.values()) else envs(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [envs(v) for v in node]
+        return node
+
+    return envs(out)
 
 
 def scrub(text: str, anonymize: bool = False) -> str:

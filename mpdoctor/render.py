@@ -69,9 +69,13 @@ def clean_report(report: Report, anonymize: bool = False) -> Report:
 def to_json(report: Report, schema: str | None = None, anonymize: bool = False) -> str:
     import json
 
+    from .redact import Scrubber
+
     data = clean_report(report, anonymize).to_dict()
     if schema:
         data = {"schema": schema, **data}
+    # the last step before the bytes: whatever to_dict composed is scrubbed as a whole
+    data = Scrubber(anonymize).obj(data, by_name=False)
     return json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
 
 
@@ -352,7 +356,7 @@ def to_markdown(report: Report, heading: str = "mpdoctor", *, anonymize: bool = 
         for u in report.unrecognised:
             out.append(f"- line {u.line}: `{u.exception}`{_unrecognised_tail(u)}")
         out += ["", "</details>", ""] if fold else [""]
-    return markdown_safe("\n".join(out))
+    return markdown_safe(Scrubber(anonymize).text("\n".join(out)))
 
 
 def _num(v: float) -> str:
@@ -363,9 +367,10 @@ def _num(v: float) -> str:
 
 def _width(console: Any) -> int:
     try:
-        return max(40, int(console.width))
+        width = int(console.width)
     except (TypeError, ValueError, AttributeError):
-        return 80
+        return DEFAULT_WIDTH
+    return max(40, width) if width > 0 else DEFAULT_WIDTH
 
 
 def _say(console: Any, *parts: tuple[str, str]) -> None:
@@ -465,7 +470,7 @@ def to_oneline(report: Report, where: str = "", *, anonymize: bool = False) -> s
         loc = f"{where}:{u.line}" if u.line else (where or "mpdoctor")
         out.append(f"{loc}: unrecognised {' '.join(u.exception.split())}{_unrecognised_tail(u)}")
     out.append(_summary(report) if report.findings else "no finding")
-    return "\n".join(out) + "\n"
+    return scrub("\n".join(out), anonymize) + "\n"
 
 
 def _nothing_found(report: Report) -> str:
@@ -495,7 +500,8 @@ class _ScrubbingFile:
         self._scrub = Scrubber(anonymize).text
 
     def write(self, text: str) -> int:
-        return self._stream.write(self._scrub(text))
+        # the last step: secrets cut again, and no control character but rich's colours
+        return self._stream.write(self._scrub(text, controls=False))
 
     def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding ...
         return getattr(self._stream, name)
@@ -514,13 +520,38 @@ def print_unpadded(console: Any, renderable: Any) -> None:
     console.file.flush()
 
 
+DEFAULT_WIDTH = 80
+
+
+def terminal_columns(stream: Any = None) -> int:
+    """The width to lay out for: COLUMNS when it is a positive number, else the
+    terminal's own width when `stream` is one, else 80 (COLUMNS=0, a negative or a
+    garbled value, a pipe, a terminal that reports 0 columns)."""
+    import os
+
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        if stream is not None and stream.isatty():
+            columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        columns = 0
+    return columns if columns > 0 else DEFAULT_WIDTH
+
+
 def make_console(stderr: bool = False, anonymize: bool = False) -> Any:
     import sys
 
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    console = Console(file=_ScrubbingFile(stream, anonymize), highlight=False, soft_wrap=False)
+    # the width given, not read by rich (which takes COLUMNS=0 at its word: no output)
+    console = Console(file=_ScrubbingFile(stream, anonymize), highlight=False, soft_wrap=False,
+                      width=terminal_columns(stream))
     console.on_broken_pipe = _broken_pipe  # rich would exit 1 ("error found"); commands.guarded says 0
     return console
 
@@ -561,10 +592,13 @@ def render_text(report: Report, fmt: str, *, heading: str = "mpdoctor", anonymiz
 
     from rich.console import Console
 
+    from .redact import scrub
+
     buf = io.StringIO()
-    console = Console(file=buf, width=width or 80, no_color=True, highlight=False, color_system=None)
+    width = width if isinstance(width, int) and width > 0 else DEFAULT_WIDTH
+    console = Console(file=buf, width=width, no_color=True, highlight=False, color_system=None)
     print_terminal(report, console, heading=None, anonymize=anonymize, verbose=verbose)
-    return buf.getvalue()
+    return scrub(buf.getvalue(), anonymize)
 
 
 # --- check's checklist: one line per area, the fix beneath (report.extra["checklist"]) ---
@@ -659,9 +693,7 @@ def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check
 def to_checklist_markdown(report: Report, heading: str = "mpdoctor check", *, anonymize: bool = False,
                           verbose: bool = False) -> str:
     """The block a user pastes into a bug report: the checklist, then every finding."""
-    from .redact import markdown_safe
-
-    from .redact import scrub
+    from .redact import markdown_safe, scrub
 
     report = clean_report(report, anonymize)
     heading = scrub(heading, anonymize)
@@ -695,9 +727,8 @@ def to_checklist_markdown(report: Report, heading: str = "mpdoctor check", *, an
         out += ["", "</details>"]
     out.append("")
     if report.findings:
-        # already clean: the findings part is not scrubbed twice
         out.append(to_markdown(report, "Findings", verbose=verbose).replace("## Findings", "### Findings", 1))
-    return markdown_safe("\n".join(out))
+    return markdown_safe(scrub("\n".join(out), anonymize))
 
 
 def emit_checklist(report: Report, fmt: str, heading: str = "mpdoctor check", *, anonymize: bool = False,

@@ -74,10 +74,16 @@ def load(name: str) -> Any:
 
 def fail(message: str) -> int:
     """One clear line on stderr, exit status 2 (bad input, arguments or rules); a
-    message quoting the user's input (a path, a config line) carries no secret."""
-    from ..redact import redact_text
+    message quoting the user's input (a path, a config line, a rule's words) carries no
+    secret and no control character. Silent when stderr is closed (`2>&-`)."""
+    from ..redact import scrub
 
-    sys.stderr.write(f"mpdoctor: {redact_text(message)}\n")
+    if sys.stderr is not None:
+        try:
+            sys.stderr.write(f"mpdoctor: {scrub(message)}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # full, or closed under us: the status still says it
+            pass
     return EXIT_BAD_INPUT
 
 

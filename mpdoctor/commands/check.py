@@ -11,9 +11,7 @@ snapshot)` returns a dict; its "findings" (list of Finding) join the report and 
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from argparse import Namespace
 from typing import Any
 
@@ -21,10 +19,10 @@ from ..findings import rank_findings
 from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 
 DESCRIPTION = (
-    "Check the hardware, driver, CUDA build, libraries and accelerate config against\n"
-    "the precision you want to train in.\n\n"
+    "Check the hardware, driver, CUDA build, libraries and accelerate config\n"
+    "against the precision you want to train in.\n\n"
     "  mpdoctor check\n  mpdoctor check --mixed-precision bf16\n"
-    "  mpdoctor check --python ~/venvs/train/bin/python   # the environment that trains\n"
+    "  mpdoctor check --python ~/venvs/train/bin/python  # the env that trains\n"
     "  mpdoctor check --snapshot env.json   # a snapshot from another machine\n\n"
     "torch is examined in a child process (its whole process group killed after\n"
     "MPDOCTOR_TORCH_TIMEOUT seconds, default 60), NVML in another: a torch or driver\n"

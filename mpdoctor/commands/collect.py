@@ -12,7 +12,7 @@ from . import EXIT_OK, env_help, fail
 DESCRIPTION = ("Write the environment (hardware, driver, torch, libraries, accelerate\n"
                "config) as versioned JSON, secrets redacted.\n\n"
                "  mpdoctor collect -o env.json\n  mpdoctor collect --anonymize\n"
-               "  mpdoctor collect --python ~/venvs/train/bin/python   # the environment that trains")
+               "  mpdoctor collect --python ~/venvs/train/bin/python  # the env that trains")
 EPILOG = ("exit status:\n  0  the snapshot was written\n  2  the arguments are wrong or the file cannot be written\n"
           + env_help("MPDOCTOR_TORCH_TIMEOUT", "MPDOCTOR_NVML_TIMEOUT", "MPDOCTOR_DEBUG"))
 

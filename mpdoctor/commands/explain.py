@@ -14,17 +14,19 @@ if TYPE_CHECKING:
 from . import EXIT_CODES, EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 
 DESCRIPTION = (
-    "Read a traceback or a whole training log (any size; ANSI colours, progress bars,\n"
-    "rank prefixes and rich boxes are fine) and report what went wrong, root cause first:\n"
-    "the rule, its category, why it happens, what to change, and the exact log lines.\n\n"
+    "Read a traceback or a whole training log (any size; ANSI colours, progress\n"
+    "bars, rank prefixes and rich boxes are fine) and report what went wrong, root\n"
+    "cause first: the rule, its category, why it happens, what to change, and the\n"
+    "exact log lines.\n\n"
     "  mpdoctor explain train.log\n"
     "  torchrun ... 2>&1 | mpdoctor explain -\n"
     "  mpdoctor explain crash.txt --format markdown   # paste into an issue\n"
-    "  mpdoctor explain train.log --format json       # stable, for scripts\n\n"
-    "  mpdoctor explain train.log --format oneline    # one line per finding, for CI logs\n"
+    "  mpdoctor explain train.log --format json       # stable, for scripts\n"
+    "  mpdoctor explain train.log --format oneline    # a line per finding (CI)\n"
     "  mpdoctor explain train.log --here --format markdown --anonymize\n\n"
-    "Secrets in the log (tokens, passwords, URL credentials) never reach the output;\n"
-    "--anonymize also hides the home directory, user and host names."
+    "With `-` and a terminal on standard input, paste the log and end it with\n"
+    "Ctrl-D. Secrets in the log (tokens, passwords, URL credentials) never reach\n"
+    "the output; --anonymize also hides the home directory, user and host names."
 )
 EPILOG = EXIT_CODES + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_CACHE_DIR", "MPDOCTOR_NO_CACHE",
                                   "MPDOCTOR_NO_HYPERSCAN", "MPDOCTOR_PROGRESS_AFTER", "MPDOCTOR_TORCH_TIMEOUT",
@@ -85,6 +87,13 @@ def main(args: Namespace) -> int:
     from ..render import SCHEMAS, emit
     from ..scan import InputError
 
+    if args.path == "-":
+        if sys.stdin is None:  # started with `<&-`
+            return fail("standard input is closed: give a log file, or pipe a log in (`... 2>&1 | mpdoctor explain -`)")
+        if sys.stdin.isatty() and sys.stderr is not None:  # a person at a terminal, not a pipe
+            sys.stderr.write("mpdoctor: reading the log from standard input (paste it, then Ctrl-D on a line "
+                             "of its own; Ctrl-C to stop)\n")
+            sys.stderr.flush()
     rules = load_rules_or_fail(args.rules)
     if isinstance(rules, int):
         return rules

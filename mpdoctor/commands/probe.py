@@ -9,16 +9,17 @@ from typing import Any
 from . import env_help, fail
 
 DESCRIPTION = (
-    "Train a model (a small built-in one, or yours: --model SPEC) through accelerate in\n"
-    "each precision mode and report what works, how fast, how much memory, how far from\n"
-    "fp32, and which to use.\n\n"
+    "Train a model (a small built-in one, or yours: --model SPEC) through\n"
+    "accelerate in each precision mode and report what works, how fast, how much\n"
+    "memory, how far from fp32, and which to use.\n\n"
     "  mpdoctor probe\n  mpdoctor probe --modes no,bf16 --steps 30 --model mlp\n"
     "  mpdoctor probe --stress --format json   # fp16 headroom vs bf16\n"
     "  mpdoctor probe --model path/to/config.json --modes no,bf16 --max-batch\n"
     "  mpdoctor probe --model mypkg.models:make_model --batch-size 32\n\n"
-    "Each mode runs in its own process with a timeout; a mode that fails is reported with\n"
-    "its error explained by the rule base. A mode that did not really run (e.g. accelerate's\n"
-    "fp16 on a CPU runs fp32) is flagged and gets no speed-up or memory saving."
+    "Each mode runs in its own process with a timeout; a mode that fails is\n"
+    "reported with its error explained by the rule base. A mode that did not\n"
+    "really run (e.g. accelerate's fp16 on a CPU runs fp32) is flagged and gets no\n"
+    "speed-up or memory saving."
 )
 EPILOG = ("exit status:\n  0  at least one mode trained\n  1  no mode trained\n  2  the arguments are wrong\n"
           "  130  interrupted (Ctrl-C)\n" + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_SAVE_PROBE", "MPDOCTOR_PROBE_FAULT",
@@ -59,10 +60,9 @@ def add_arguments(p: Any) -> None:
 
 
 def options_from_args(args: Namespace) -> Any:
-    from ..probe import ProbeOptions
-
     import os
 
+    from ..probe import ProbeOptions
     from ..probe.spec import parse_bytes, parse_model_spec
 
     modes = [m.strip() for m in str(args.modes).split(",") if m.strip()]
@@ -115,8 +115,8 @@ def _torch_problem(args: Namespace, opts: Any) -> int | None:
 
 def main(args: Namespace) -> int:
     from ..engine.rule import RuleError
-    from ..rulebase import load
     from ..probe import print_terminal, run_probe_with_progress, to_markdown
+    from ..rulebase import load
 
     try:
         opts = options_from_args(args)

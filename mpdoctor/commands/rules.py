@@ -9,9 +9,10 @@ from typing import Any
 from ..engine.rule import Rule, RuleError
 from . import EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 
-DESCRIPTION = ("The knowledge mpdoctor uses, as data under rules/: log rules (read log text), env\n"
-               "rules (judge an environment snapshot), run rules (judge a wrapped run's recorded\n"
-               "events) and probe rules (judge the probe's measurements).\n\n"
+DESCRIPTION = ("The knowledge mpdoctor uses, as data under rules/: log rules (read log\n"
+               "text), env rules (judge an environment snapshot), run rules (judge a\n"
+               "wrapped run's recorded events) and probe rules (judge the probe's\n"
+               "measurements). A rule reads example files inside its own folder only.\n\n"
                "  mpdoctor rules list\n  mpdoctor rules list --kind run\n  mpdoctor rules show cuda-oom\n"
                "  mpdoctor rules test            # every rule's examples and near misses\n"
                "  mpdoctor rules test ./my-rules # your own rules folder")
@@ -53,27 +54,45 @@ def main(args: Namespace) -> int:
     return _rules_test(rules, args)
 
 
-def _rules_list(rules: list[Rule], args: Namespace) -> int:
+def _write_json(data: dict[str, Any]) -> None:
+    """A rule face's JSON, scrubbed as its last step (a user rule's text is the user's)."""
     import json
 
+    from ..redact import Scrubber
+
+    sys.stdout.write(json.dumps(Scrubber().obj(data), indent=2, ensure_ascii=False) + "\n")
+
+
+def _write_text(text: str, markdown: bool = False) -> None:
+    """A rule face's text, scrubbed as its last step: secrets cut, control characters
+    shown rather than obeyed."""
+    from ..redact import markdown_safe, scrub
+
+    text = scrub(text)
+    sys.stdout.write(markdown_safe(text) if markdown else text)
+
+
+def _rules_list(rules: list[Rule], args: Namespace) -> int:
     chosen = [r for r in rules if (not args.category or r.category == args.category)
               and (not getattr(args, 'kind', None) or r.kind == args.kind)]
     chosen.sort(key=lambda r: (r.kind, r.category, r.id))
     if args.format == "json":
-        sys.stdout.write(json.dumps({"schema": "mpdoctor.rules/1", "rules": [
+        _write_json({"schema": "mpdoctor.rules/1", "rules": [
             {"id": r.id, "kind": r.kind, "category": r.category, "severity": r.severity, "title": r.title,
-             "path": str(r.path)} for r in chosen]}, indent=2, ensure_ascii=False) + "\n")
+             "path": str(r.path)} for r in chosen]})
         return EXIT_OK
     if args.format == "markdown":
-        sys.stdout.write("| id | kind | category | severity | title |\n|---|---|---|---|---|\n")
+        lines = ["| id | kind | category | severity | title |", "|---|---|---|---|---|"]
         for r in chosen:
             title = _placeholders(r.title).replace("|", "\\|")
-            sys.stdout.write(f"| `{r.id}` | {r.kind} | `{r.category}` | {r.severity} | {title} |\n")
+            lines.append(f"| `{r.id}` | {r.kind} | `{r.category}` | {r.severity} | {title} |")
+        _write_text("\n".join(lines) + "\n", markdown=True)
         return EXIT_OK
     if args.format == "oneline":
-        for r in chosen:
-            sys.stdout.write(f"{r.id} {r.kind} {r.category} {r.severity} {_placeholders(r.title)}\n")
+        _write_text("".join(f"{r.id} {r.kind} {r.category} {r.severity} {' '.join(_placeholders(r.title).split())}\n"
+                            for r in chosen))
         return EXIT_OK
+    from ..redact import scrub
     from ..render import _say, make_console, wrap
 
     console = make_console()
@@ -87,7 +106,7 @@ def _rules_list(rules: list[Rule], args: Namespace) -> int:
             _say(console)
             _say(console, (f"{r.kind} · {r.category}", "bold"))
         head = f"  {r.id:<{idw}}  {r.severity:<7}  "
-        title = _placeholders(r.title)
+        title = scrub(_placeholders(r.title))
         if len(head) + 40 <= width:  # the title beside the id, wrapped under itself
             lines = wrap(title, width, first=head)
             _say(console, (lines[0][:len(head)], ""), (lines[0][len(head):], "dim"))
@@ -187,8 +206,6 @@ def _facts_of(rule: Rule) -> dict[str, str]:
 
 
 def _rules_show(rules: list[Rule], args: Namespace) -> int:
-    import json
-
     by_id = {r.id: r for r in rules}
     rule = by_id.get(args.rule_id)
     if rule is None:
@@ -197,26 +214,28 @@ def _rules_show(rules: list[Rule], args: Namespace) -> int:
         close = difflib.get_close_matches(args.rule_id, list(by_id), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `mpdoctor rules list`"
         return fail(f"no rule {args.rule_id!r}{hint}")
-    doc = rule_doc_markdown(rule, rules)
+    try:
+        doc = rule_doc_markdown(rule, rules)
+    except RuleError as exc:  # an example file the rule may not read (outside its folder, a device)
+        return fail(f"bad rule: {exc}")
     if args.format == "json":
-        sys.stdout.write(json.dumps({"schema": "mpdoctor.rule/1", "id": rule.id, "kind": rule.kind, "category": rule.category,
-                                     "severity": rule.severity, "title": rule.title, "doc": rule.doc,
-                                     "fixes": rule.fixes, "references": rule.references,
-                                     "facts": _facts_of(rule), "path": str(rule.path)}, indent=2) + "\n")
+        _write_json({"schema": "mpdoctor.rule/1", "id": rule.id, "kind": rule.kind, "category": rule.category,
+                     "severity": rule.severity, "title": rule.title, "doc": rule.doc,
+                     "fixes": rule.fixes, "references": rule.references,
+                     "facts": _facts_of(rule), "path": str(rule.path)})
     elif args.format == "markdown":
-        sys.stdout.write(doc)
+        _write_text(doc, markdown=True)
     else:
         from rich.markdown import Markdown
 
+        from ..redact import scrub
         from ..render import make_console, print_unpadded
 
-        print_unpadded(make_console(), Markdown(doc))
+        print_unpadded(make_console(), Markdown(scrub(doc)))
     return EXIT_OK
 
 
 def _rules_test(rules: list[Rule], args: Namespace) -> int:
-    import json
-
     from ..engine.selftest import run_selftest
 
     only = None
@@ -241,15 +260,16 @@ def _rules_test(rules: list[Rule], args: Namespace) -> int:
     failed_cases = [r for r in cases if not r.ok]
     unsaid = [r for r in results if r.kind == "sentence" and not r.ok]
     if args.format == "json":
-        sys.stdout.write(json.dumps({"schema": "mpdoctor.rules-test/1", "rules": tested, "cases": len(cases), "failed": [
+        _write_json({"schema": "mpdoctor.rules-test/1", "rules": tested, "cases": len(cases), "failed": [
             {"rule": r.rule, "case": f"{r.kind}[{r.index}]" if r.kind != "sentence" else "sentences",
-             "message": r.message} for r in failed]}, indent=2) + "\n")
+             "message": r.message} for r in failed]})
     else:
+        lines = []
         for r in failed:
             case = f"{r.kind}[{r.index}]" if r.kind != "sentence" else "sentences"
-            sys.stdout.write(f"FAIL {r.rule} {case}: {r.message}\n")
+            lines.append(f"FAIL {r.rule} {case}: {r.message}")
         summary = f"{tested} rules, {len(cases)} cases: {len(cases) - len(failed_cases)} passed, {len(failed_cases)} failed"
         if unsaid:
             summary += f"; {len(unsaid)} rule(s) with a sentence no example renders"
-        sys.stdout.write(summary + "\n")
+        _write_text("\n".join(lines + [summary]) + "\n")
     return EXIT_ERROR_FINDING if failed else EXIT_OK

@@ -14,16 +14,16 @@ from . import env_help, fail, load_rules_or_fail
 DESCRIPTION = (
     "Run COMMAND with its terminal passed through untouched, watch torch/accelerate\n"
     "inside it (NaN/Inf, overflow, loss scale, OOM, dtype/device mismatches, the\n"
-    "precision that really ran), and diagnose it with the rule base. The exit status is\n"
-    "the command's own.\n\n"
+    "precision that really ran), and diagnose it with the rule base. The exit\n"
+    "status is the command's own.\n\n"
     "  mpdoctor run -- python train.py --lr 3e-4\n"
     "  mpdoctor run -- accelerate launch train.py\n"
     "  mpdoctor run --report report.json -- torchrun --nproc-per-node 2 train.py"
 )
-EPILOG = ("exit status:\n  the command's own (a signal S gives 128+S, as in a shell); 126/127 when it cannot\n"
-          "  be started; 2 when mpdoctor's own arguments or rules are wrong;\n"
-          "  3 with --fail-on SEVERITY when the command exited 0 but mpdoctor found a problem\n"
-          "  of that severity or worse (a command that failed keeps its own status)\n")
+EPILOG = ("exit status:\n  the command's own (a signal S gives 128+S, as in a shell); 126/127 when it\n"
+          "  cannot be started; 2 when mpdoctor's own arguments or rules are wrong;\n"
+          "  3 with --fail-on SEVERITY when the command exited 0 but mpdoctor found a\n"
+          "  problem of that severity or worse (a failed command keeps its own status)\n")
 EPILOG += env_help("MPDOCTOR_WATCH_EVERY", "MPDOCTOR_SAVE_EVENTS", "MPDOCTOR_INSTRUMENT_FAIL",
                    "MPDOCTOR_RULES_PATH", "MPDOCTOR_CACHE_DIR", "MPDOCTOR_NO_CACHE", "MPDOCTOR_DEBUG", "NO_COLOR")
 EXIT_FAIL_ON = 3

@@ -393,7 +393,12 @@ def _count(hits: list[Hit]) -> int:
 
 def _clip(text: str) -> str:
     text = text.strip()
-    return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 1] + "…"
+    if len(text) <= MAX_EVIDENCE_CHARS:
+        return text
+    # secrets cut before the text is: a cut never halves one
+    from ..redact import clip
+
+    return clip(text, MAX_EVIDENCE_CHARS)
 
 
 def _traceback_of(line: LogLine, tracebacks: list[Traceback], tb_starts: list[int]) -> int | None:

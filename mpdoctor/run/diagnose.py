@@ -25,6 +25,7 @@ from ..engine.assemble import merge_findings, supersede
 from ..engine.judge import checks_in, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding, Report, Unrecognised, rank_findings
+from ..redact import clip
 from . import checks as run_checks
 from .evidence import RunView, build_evidence, read_evidence
 
@@ -46,8 +47,11 @@ def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Rule] 
     save = os.environ.get("MPDOCTOR_SAVE_EVENTS")
     if save:
         try:
+            # a file mpdoctor writes: no secret in it
+            from ..redact import redact_record
+
             with open(save, "w", encoding="utf-8") as fh:
-                json.dump(evidence, fh, indent=1, default=str)
+                json.dump(redact_record(evidence), fh, indent=1, default=str)
         except OSError as exc:
             sys.stderr.write(f"mpdoctor run: cannot write MPDOCTOR_SAVE_EVENTS={save}: {exc.strerror}\n")
     report = judge_run(evidence, rules, output=result.tail.text() if result is not None else "")
@@ -166,7 +170,7 @@ def _exception_findings(view: RunView, rules: list[Rule]) -> tuple[list[Finding]
                     f.ranks = sorted(set(f.ranks) | {p.rank})
                 findings.append(f)
             if not report.findings:
-                first = text.split("\n")[0][:400]
+                first = clip(text.split("\n")[0], 400)
                 where = f"in `{exc['module']}` at step {exc.get('step')}" if exc.get("module") else None
                 unknown.append(Unrecognised(first, 0, where, ranks=[p.rank] if view.multi_rank and p.rank is not None
                                             else []))
@@ -218,7 +222,7 @@ def _context_evidence(exc: dict[str, Any], path: str) -> Any:
                                        else " (before the first step)" if step is not None else "")
     if ctx.get("memory_context"):
         text += f" · {ctx['memory_context']}"
-    return Evidence(text=text[:400], source="instrument")
+    return Evidence(text=clip(text, 400), source="instrument")
 
 
 def _env_findings(view: RunView, rules: list[Rule], extra: dict[str, Any] | None = None,

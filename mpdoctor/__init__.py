@@ -72,6 +72,19 @@ def print_findings(findings: Any, format: str = "terminal", *, stderr: bool = Fa
     render.emit(_as_report(findings), format, stderr=stderr, anonymize=anonymize, verbose=verbose)
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext mpdoctor` (IPython, Jupyter): see mpdoctor/notebook.py."""
+    from .notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .notebook import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
 def __getattr__(name: str) -> Any:
     # `mpdoctor.watch` needs torch; import it only when asked for, so that
     # `import mpdoctor` (and `mpdoctor explain`) never pulls torch in.

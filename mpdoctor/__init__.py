@@ -27,8 +27,8 @@ __all__ = ["Finding", "Report", "Watcher", "__version__", "print_findings", "ren
 
 # name -> (module, attribute), imported on first use
 _LAZY = {
-    "watch": ("mpdoctor.instrument", "watch"),
-    "Watcher": ("mpdoctor.instrument.watcher", "Watcher"),
+    "watch": ("mpdoctor.api", "watch"),
+    "Watcher": ("mpdoctor.api", "Watcher"),
     "Finding": ("mpdoctor.findings", "Finding"),
     "Report": ("mpdoctor.findings", "Report"),
 }

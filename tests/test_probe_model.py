@@ -215,7 +215,7 @@ import gc, resource, sys
 cap, folder, sizes = int(sys.argv[1]), sys.argv[2], [int(x) for x in sys.argv[3].split(",")]
 import torch
 from accelerate import Accelerator
-import mpdoctor.probe.child, mpdoctor.instrument.watcher, mpdoctor.env.inprocess  # as the probe's child does
+import mpdoctor.probe.child, mpdoctor.instrument.recorder, mpdoctor.env.inprocess  # as the probe's child does
 sys.path.insert(0, folder)
 from hot import wide
 model, batch = wide()

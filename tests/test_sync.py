@@ -112,15 +112,15 @@ def test_a_watched_step_adds_at_most_one_host_read(host_reads: Counter) -> None:
 
 def test_a_hook_that_reads_a_value_is_seen(host_reads: Counter, monkeypatch: pytest.MonkeyPatch) -> None:
     """The counter is not blind: a per-module .item() (what the design forbids) is counted."""
-    from mpdoctor.instrument import watcher
+    from mpdoctor.instrument.recorder import Recorder
 
-    original = watcher.Watcher._record
+    original = Recorder._record
 
     def reading_record(self, kind, mod, t, aux=-1):
         t.detach().float().abs().max().item()
         return original(self, kind, mod, t, aux)
 
-    monkeypatch.setattr(watcher.Watcher, "_record", reading_record)
+    monkeypatch.setattr(Recorder, "_record", reading_record)
     bare = train_steps(make_net(), 3, host_reads)
     net = make_net()
     with mpdoctor.watch(net):
@@ -162,11 +162,11 @@ def test_every_4_reduces_on_2_of_8_steps(reductions: Counter) -> None:
 def test_env_variable_sets_the_period_of_mpdoctor_runs_watcher(reductions: Counter,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from mpdoctor.instrument import patches
-    from mpdoctor.instrument.watcher import Watcher
+    from mpdoctor.instrument.recorder import Recorder
 
     monkeypatch.setenv("MPDOCTOR_WATCH_EVERY", "3")
     net = make_net()
-    w = Watcher(auto=True)  # what `mpdoctor run` starts in the child (instrument/auto.py)
+    w = Recorder(auto=True)  # what `mpdoctor run` starts in the child (instrument/auto.py)
     patches.register(w)
     w.attach_module(net)
     try:
@@ -177,7 +177,7 @@ def test_env_variable_sets_the_period_of_mpdoctor_runs_watcher(reductions: Count
     with mpdoctor.watch(make_net()) as h:  # watch() in the user's own code samples only when asked
         assert h.every == 1
     monkeypatch.setenv("MPDOCTOR_WATCH_EVERY", "often")  # a wrong value must not stop the training
-    assert Watcher(auto=True).every == 1
+    assert Recorder(auto=True).every == 1
 
 
 def test_every_must_be_a_positive_integer() -> None:

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import mpdoctor  # noqa: E402
-from mpdoctor.instrument import watcher as watcher_mod  # noqa: E402
+from mpdoctor.instrument import hooks as hooks_mod  # noqa: E402
 
 
 class Block(nn.Module):
@@ -75,7 +75,8 @@ def test_accelerator_plan_as_it_ran() -> None:
         assert plan.prepared == {"model": True, "optimizer": True}
         assert (plan.distributed_type, plan.num_processes, plan.fp32_master_weights) == ("NO", 1, True)
         assert plan.autocast_module == "blocks.0.proj"
-        assert not [f for f in h.findings() if f.severity != "info"]
+        # (an env rule may warn about this machine's CPU: bf16 emulated without AVX512-BF16/AMX)
+        assert not [f for f in h.findings() if f.severity != "info" and f.rule != "bf16-cpu-not-native"]
         h.close()
     finally:
         AcceleratorState._reset_state(True)
@@ -191,7 +192,7 @@ def test_fails_open_and_leaves_training_untouched(monkeypatch: pytest.MonkeyPatc
         return losses
 
     bare = train(False)
-    monkeypatch.setattr(watcher_mod, "_FORCE_FAIL", True)
+    monkeypatch.setattr(hooks_mod, "_FORCE_FAIL", True)
     assert train(True) == bare
 
 

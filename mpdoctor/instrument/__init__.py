@@ -1,15 +1,17 @@
 """Instrumentation that runs inside a training process (the only part of mpdoctor,
-with env/ collectors, that touches torch).
+with env/ collectors, that touches torch). It records; it never judges, and it imports
+no face of mpdoctor (knowledge/ only): the run face judges what it recorded.
 
-Two ways in, one implementation (`watcher.Watcher`):
+Two ways in, one implementation (`recorder.Recorder`):
 
 * ``mpdoctor run -- CMD`` puts ``instrument/boot/`` on ``PYTHONPATH``; its
   ``sitecustomize`` waits for ``import torch`` to complete (an import hook: it never
-  imports torch itself) and then starts a process-wide watcher (``auto.start``) that
-  writes its events, per rank, to the JSONL files the wrapper reads.
-* ``mpdoctor.watch(model_or_accelerator)`` in your own code, or in the probe's child.
+  imports torch itself) and then starts a process-wide recorder (``auto.start``, through
+  ``mpdoctor.api``) that writes its events, per rank, to the JSONL files the wrapper reads.
+* ``mpdoctor.watch(model_or_accelerator)`` in your own code (``mpdoctor.api``: this
+  recorder with findings() on top), or ``instrument.watch`` in the probe's child.
 
-The handle ``watch()`` returns (a ``Watcher``)::
+The recorder ``watch()`` returns (``mpdoctor.watch()``'s handle has the same attributes)::
 
     h = mpdoctor.watch(model)            # or an accelerate Accelerator (before or after prepare)
     h = mpdoctor.watch(model, every=4)   # sampled: modules watched on steps 0, 4, 8, ... only
@@ -30,10 +32,14 @@ The handle ``watch()`` returns (a ``Watcher``)::
                         # ("nan" | "inf"), .input_min / .input_max; .to_dict()
     h.first_nonfinite   # the first of them, or None
     h.step              # the current 0-based step (-1 before the first forward)
+    h.errors            # [RaisedError]: exceptions raised in the training, with their context
+    h.recovered         # [RaisedError]: exceptions caught, after which an optimizer step completed
+    h.unhooked          # [{"module", "module_type", "reason"}]: modules that took no hooks
+                        # (a TorchScript submodule), skipped; the rest is watched
     h.flush()           # read the on-device statistics now (one host sync); done for you at
-                        # each step boundary, at findings() and at exit
-    h.findings()        # [mpdoctor.findings.Finding], root cause first
-    h.report()          # mpdoctor.findings.Report(findings=..., extra={"precision_plan": ...})
+                        # each step boundary, when nonfinite/scaler are read, and at exit
+    h.findings()        # (mpdoctor.watch only) [mpdoctor.findings.Finding], root cause first
+    h.report()          # (mpdoctor.watch only) mpdoctor.findings.Report
     h.close()           # remove every hook; also `with mpdoctor.watch(m) as h: ...`
 
 Sampling (``every=N``; ``MPDOCTOR_WATCH_EVERY=N`` for ``mpdoctor run``, whose
@@ -68,8 +74,8 @@ __all__ = ["watch"]
 
 
 def watch(obj: Any = None, **kwargs: Any) -> Any:
-    """Watch a torch.nn.Module or an accelerate Accelerator; returns a Watcher handle
-    (see the module docstring). With no argument, watches every module in the process."""
-    from .watcher import watch as _watch
+    """Record a torch.nn.Module or an accelerate Accelerator; returns a Recorder (see the
+    module docstring). With no argument, records every module in the process."""
+    from .recorder import watch as _watch
 
     return _watch(obj, **kwargs)

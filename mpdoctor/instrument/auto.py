@@ -1,5 +1,9 @@
-"""The `mpdoctor run` side of the instrumentation: started by boot/sitecustomize.py
-right after `import torch` has completed in a wrapped process."""
+"""The `mpdoctor run` side of the instrumentation: started (through `mpdoctor.api`) by
+boot/sitecustomize.py right after `import torch` has completed in a wrapped process.
+
+At exit the recorder's last snapshot is written, with the process's environment when
+the caller gave a `describe_env` (the env collector lives in env/, a face this package
+does not import)."""
 
 from __future__ import annotations
 
@@ -7,16 +11,17 @@ import atexit
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 _STARTED: list[Any] = []
 
 
-def on_import(name: str) -> None:
-    """Called by the import hook when `torch` or `accelerate` finished importing."""
+def on_import(name: str, describe_env: Callable[[], dict[str, Any]] | None = None) -> None:
+    """Called by the import hook when `torch` or `accelerate` finished importing.
+    `describe_env`: what writes the process's environment into the events at exit."""
     try:
         if name == "torch":
-            start()
+            start(describe_env)
         elif name == "accelerate" and _STARTED:
             from . import patches
 
@@ -25,22 +30,22 @@ def on_import(name: str) -> None:
         _report_boot_failure(exc)
 
 
-def start() -> Any:
+def start(describe_env: Callable[[], dict[str, Any]] | None = None) -> Any:
     if _STARTED:
         return _STARTED[0]
     from . import patches
     from .events import ENV_DIR, EventSink
-    from .watcher import Watcher
+    from .recorder import Recorder
 
     directory = os.environ.get(ENV_DIR)
     sink = EventSink(directory) if directory else None
-    w = Watcher(sink=sink, auto=True)
+    w = Recorder(sink=sink, auto=True)
     _STARTED.append(w)
     patches.register(w, auto=True)
     w.attach_global()
     if sink is not None:
         patches.install_collectives(lambda where: sink.progress(w.step, where))
-    atexit.register(_at_exit, w)
+    atexit.register(_at_exit, w, describe_env)
     return w
 
 
@@ -48,13 +53,10 @@ def _active(w: Any) -> bool:
     return bool(w.step >= 0 or w.errors or w.plan_tracker.accelerators or w.internal_errors)
 
 
-def _at_exit(w: Any) -> None:
+def _at_exit(w: Any, describe_env: Callable[[], dict[str, Any]] | None = None) -> None:
     sink = w.sink
     try:
-        if not w.disabled:
-            w.flush()
-            w.readout.release_held()
-            w._refresh_plan()
+        w.settle()
         exc = getattr(sys, "last_value", None)
         if exc is not None and not w.disabled:
             w.on_exit_exception(exc)
@@ -63,9 +65,8 @@ def _at_exit(w: Any) -> None:
         if exc is not None:
             sink.event("exit-exception", exception=f"{type(exc).__name__}: {exc}".split("\n")[0][:500],
                        step=w.step, time=time.time())
-        from ..env.inprocess import collect_in_process
-
-        sink.event("env", env=collect_in_process())
+        if describe_env is not None:
+            sink.event("env", env=describe_env())
         sink.snapshot(w.snapshot())
         sink.event("exit", step=w.step, uncaught=exc is not None)
         sink.close()

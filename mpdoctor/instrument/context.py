@@ -10,6 +10,7 @@ from typing import Any
 from ..knowledge.dtypes import dtype_name
 from ..knowledge.units import gib
 
+
 def describe_tensor(t: Any) -> dict[str, Any]:
     return {"dtype": dtype_name(t.dtype), "device": str(t.device), "shape": list(t.shape)}
 

@@ -1,7 +1,13 @@
 """An exception raised in the training, as the instrumentation records it: the text
 Python prints (whole, bounded) and the context a traceback does not show: the dtypes
-and devices around the failing forward, autocast, the memory at that moment. Not
-classified here: the parent explains it with the rule base."""
+and devices around the failing forward, autocast, the memory at that moment (GPU memory
+attributed to the watched tensors that hold it). Not classified here: the parent
+explains it with the rule base.
+
+An exception the program caught and trained on after (an OOM inside a
+retry-with-a-smaller-batch loop such as accelerate's `find_executable_batch_size`,
+followed by optimizer steps) is *recovered*: it moves from `errors` to `recovered`, and
+the events file says so, so that the run does not report a failure that did not end it."""
 
 from __future__ import annotations
 
@@ -10,8 +16,10 @@ from typing import Any
 
 from . import context
 from .records import RaisedError
+from .steps import strip_wrapper
 
 _MAX_EXCEPTION = 4000
+_MAX_RECOVERED = 50
 
 
 def exception_text(exc: BaseException) -> str:
@@ -49,3 +57,71 @@ def failure_context(mod: Any, args: Any, batch_shape: list[int] | None, owners: 
         except Exception as inner:
             ctx.setdefault("errors", []).append(f"{key}: {type(inner).__name__}: {inner}"[:200])
     return ctx
+
+
+class ErrorRecorder:
+    """The recorder's exceptions (a mixin of ``recorder.Recorder``)."""
+
+    def _init_errors(self) -> None:
+        self.errors: list[RaisedError] = []
+        self.recovered: list[RaisedError] = []  # caught, and the training went on
+
+    def _on_forward_error(self, mod: Any, args: Any, exc: BaseException) -> None:
+        err = raised_error(exception_text(exc), self.step, self._batch_shape, mod, self.name_of(mod), args,
+                           owners=self.memory_owners)
+        self.errors.append(err)
+        if self.sink is not None:
+            self.sink.event("exception", step=self.step, module=err.module, exception=err.exception[:500],
+                            time=err.time)
+        self._emit()
+
+    def on_exit_exception(self, exc: BaseException) -> None:
+        """An exception nobody caught, raised outside any module's forward (the backward,
+        the optimizer, the loss, a collective): recorded with the memory at that moment."""
+        text = exception_text(exc)
+        if any(e.exception == text for e in self.errors):
+            return
+        self.errors.append(raised_error(text, self.step, self._batch_shape, owners=self.memory_owners))
+
+    def _after_optimizer_step(self) -> None:
+        """An optimizer step completed: the exceptions recorded before it were caught and
+        the training went on."""
+        if not self.errors:
+            return
+        done, self.errors = self.errors, []
+        for err in done:
+            err.recovered_at_step = self.step
+            if len(self.recovered) < _MAX_RECOVERED:
+                self.recovered.append(err)
+            if self.sink is not None:
+                self.sink.event("recovered", exception=err.exception[:500], raised_time=err.time,
+                                step=err.step, recovered_at_step=self.step)
+        self._emit()
+
+    def memory_owners(self) -> list[tuple[str, int, int]]:
+        """(label, data_ptr, nbytes) of the tensors the recorder can name: the outputs of
+        this step's module calls still alive, the outermost module's parameters and their
+        gradients. Only read when an error asks for the memory context."""
+        out: list[tuple[str, int, int]] = []
+
+        def add(label: str, t: Any) -> None:
+            try:
+                st = t.untyped_storage()
+                out.append((label, st.data_ptr(), st.nbytes()))
+            except Exception:
+                pass
+
+        for ref, idx in list(self._out_cache.values()):
+            t = ref()
+            if t is not None and 0 <= idx < len(self._meta):
+                kind, mod = self._meta[idx][0], self._meta[idx][1]
+                add(f"{'input' if kind == 'in' else 'output'} of {self.name_of(mod)}", t)
+        root = self._primary
+        if root is not None:
+            for name, m in root.named_modules():
+                label = strip_wrapper(name, root) or type(m).__name__
+                for p in m.parameters(recurse=False):
+                    add(f"parameters of {label}", p)
+                    if p.grad is not None:
+                        add(f"gradients of {label}", p.grad)
+        return out

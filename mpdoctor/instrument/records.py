@@ -134,6 +134,9 @@ class RaisedError:
     # {"cpu": "bfloat16"} when on; memory: {"host": {...}, "device": {...}}; batch_shape
     context: dict[str, Any] = field(default_factory=dict)
     time: float = 0.0
+    # caught by the program, which then completed an optimizer step (this one): not the
+    # run's failure (an OOM retried with a smaller batch)
+    recovered_at_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,9 +19,9 @@ class WatchSession:
         if report not in (None, "terminal", "markdown", "json", "oneline"):
             raise ValueError(f"report must be terminal, markdown, json, oneline or None, not {report!r}")
         if every is not None:
-            from ..instrument.watcher import _every
+            from ..instrument.steps import sampling_period
 
-            _every(every)  # a wrong value is the user's error: say so now, not mid-training
+            sampling_period(every)  # a wrong value is the user's error: say so now, not mid-training
         self.every = every
         self.report_format = report
         self.stderr = stderr
@@ -35,8 +35,8 @@ class WatchSession:
         """Watch `model` (an nn.Module); a second start (a new fit) watches anew."""
         if self.handle is not None and self._report is None:
             return
+        from ..api import watch
         from ..instrument import patches
-        from ..instrument import watch
 
         self._report = None
         self.failure = None
@@ -107,5 +107,5 @@ class SessionResults:
 
     @property
     def handle(self) -> Any:
-        """The watch() handle (a Watcher): its .nonfinite, .scaler, .plan, ..."""
+        """The watch() handle (an mpdoctor.Watcher): its .nonfinite, .scaler, .plan, ..."""
         return self.session.handle

@@ -89,7 +89,7 @@ class _WhenImported:
 def _ready(name):
     try:
         try:
-            from mpdoctor.instrument import auto
+            from mpdoctor import api
         except ImportError:
             # The child may run another interpreter/venv than mpdoctor's: borrow our copy,
             # appended last so that it shadows nothing of the user's.
@@ -98,11 +98,11 @@ def _ready(name):
                 return
             sys.path.append(root)
             try:
-                from mpdoctor.instrument import auto
+                from mpdoctor import api
             finally:
                 if root in sys.path:
                     sys.path.remove(root)
-        auto.on_import(name)
+        api.instrument_process(name)
     except Exception:
         pass
 

@@ -51,12 +51,16 @@ def unload_ipython_extension(ipython: Any) -> None:
         _ACTIVE = None
 
 
-def _log_pipeline() -> tuple[Any, Any]:
-    """(explain_text, explain_path) of mpdoctor's log pipeline: the one place this module
-    names it, imported on first use."""
-    from .explain import explain_path, explain_text
+def _log_pipeline() -> tuple[Any, Any, Any]:
+    """(explain_text, explain_path, InputError) of mpdoctor's log pipeline, the one
+    `mpdoctor explain` runs: the one place this module names it, imported on first use."""
+    try:
+        from .logs import InputError, explain_path, explain_text
+    except ImportError:  # the pipeline before its move to mpdoctor/logs/ (goes once the move lands)
+        from .explain import explain_path, explain_text
+        from .scan import InputError
 
-    return explain_text, explain_path
+    return explain_text, explain_path, InputError
 
 
 def _note(what: str, exc: BaseException) -> None:
@@ -209,7 +213,7 @@ class NotebookDoctor:
         return text
 
     def _explain(self, text: str) -> Any:
-        explain_text, _ = _log_pipeline()
+        explain_text, _, _ = _log_pipeline()
         return explain_text(text, self._rules())
 
     def _rules(self) -> Any:
@@ -325,9 +329,7 @@ class NotebookDoctor:
 
         stripped = source.strip()
         if "\n" not in stripped and os.path.isfile(os.path.expanduser(stripped)):
-            from .scan import InputError
-
-            _, explain_path = _log_pipeline()
+            _, explain_path, InputError = _log_pipeline()
             try:
                 report = explain_path(os.path.expanduser(stripped), self._rules())
             except InputError as exc:

@@ -47,7 +47,7 @@ def _expected(expr: str) -> tuple[list[str], str]:
     process, and the traceback text."""
     import torch  # noqa: F401  (the expression needs it)
 
-    from mpdoctor.explain import explain_text
+    from mpdoctor.logs import explain_text
 
     try:
         eval(expr)
@@ -80,7 +80,7 @@ def notebook(tmp_path_factory):
         client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                                          resources={"metadata": {"path": str(work)}})
         client.execute()
-    return {n: cell.outputs for n, cell in zip(names, nb.cells)}
+    return {n: cell.outputs for n, cell in zip(names, nb.cells, strict=True)}
 
 
 def _markdown(outputs) -> list[str]:
@@ -199,6 +199,30 @@ def test_the_magic_without_a_command_says_how(notebook):
     assert _stream(notebook["usage"], "stderr").startswith("usage: %mpdoctor check")
 
 
+@pytest.mark.slow
+def test_a_terminal_ipython_gets_plain_text(tmp_path):
+    pytest.importorskip("IPython")
+    pytest.importorskip("torch")
+    cells = ["%load_ext mpdoctor", "import torch", HALF_MATMUL, "{}['x']", "print('alive')", "exit"]
+    env = {**os.environ, "COLUMNS": "80",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "IPython", "--simple-prompt", "--no-banner", "--colors=nocolor",
+                           "--no-confirm-exit"], input="\n".join(cells) + "\n", capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+    out = proc.stdout
+    titles, _ = _expected(HALF_MATMUL)
+    error_at = out.index("RuntimeError: expected m1 and m2")
+    diagnosis = out[error_at:out.index("In [4]")]
+    assert f"✗ error · dtype-mismatch · matmul-operands-dtype\n  {titles[0]}" in diagnosis, out
+    assert "##" not in diagnosis and "`dtype-mismatch`" not in diagnosis  # text, not markdown
+    # at 80 columns, but for a single unbreakable item (a URL)
+    assert all(len(line) <= 80 or " " not in line.strip() for line in diagnosis.splitlines()[1:]), diagnosis
+    key_error = out[out.index("In [4]"):out.index("In [5]")]
+    assert "KeyError" in key_error and "mpdoctor" not in key_error
+    assert "alive" in out
+    assert "mpdoctor:" not in proc.stderr + out, proc.stderr
+
+
 def test_the_command_line_never_imports_ipython(tmp_path):
     log = tmp_path / "crash.log"
     log.write_text("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
@@ -208,7 +232,7 @@ def test_the_command_line_never_imports_ipython(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "expected-scalar-type" in proc.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "mpdoctor.explain" in imported  # the measure works
+    assert "mpdoctor.logs" in imported  # the measure works
     top = {name.split(".")[0] for name in imported}
     assert not top & {"IPython", "ipykernel", "jupyter_client", "torch"}, top & {"IPython", "ipykernel", "torch"}
     assert "mpdoctor.notebook" not in imported

@@ -81,7 +81,7 @@ def test_accelerate_torch_requirement_from_the_table_when_metadata_has_none():
 
 
 def test_a_step_number_is_not_a_gpu_name():
-    from mpdoctor.explain import explain_text
+    from mpdoctor.logs import explain_text
 
     log = """{'loss': 1.2, 'grad_norm': 0.3, 'learning_rate': 1e-05, 'epoch': 0.4, 'step': 2080}
 Traceback (most recent call last):
@@ -102,7 +102,7 @@ ValueError: Attempting to unscale FP16 gradients.
 def test_the_gpu_evidence_is_kept_when_a_bf16_finding_is_sharpened_on_a_pre_ampere_gpu():
     from mpdoctor.env.judge import make_view
     from mpdoctor.env.sharpen import refinement_findings
-    from mpdoctor.explain import explain_text
+    from mpdoctor.logs import explain_text
 
     log = ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx( handle, opa, opb, m, "
            "n, k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, CUDA_R_16BF, ldc, compute_type, "
@@ -166,7 +166,7 @@ def test_every_finding_of_every_face_rerenders_from_its_rule_and_facts():
     """No face edits a finding's words after its rule rendered them: each finding (log,
     env, run, probe; sharpened and likely ones included) is what its rule says on its facts."""
     from mpdoctor.env.judge import snapshot_case
-    from mpdoctor.explain import explain_path
+    from mpdoctor.logs import explain_path
     from mpdoctor.probe.judge import probe_case
     from mpdoctor.run.diagnose import events_case
 
@@ -194,7 +194,7 @@ def test_every_finding_of_every_face_rerenders_from_its_rule_and_facts():
 
 def test_a_sharpened_finding_rerenders_from_its_rules(tmp_path):
     from mpdoctor.env.sharpen import sharpen_with
-    from mpdoctor.explain import explain_text
+    from mpdoctor.logs import explain_text
 
     text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
             "23.65 GiB of which 1.12 GiB is free.\n")

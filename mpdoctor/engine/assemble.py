@@ -20,7 +20,7 @@ import re
 from typing import Any, Iterable
 
 from ..findings import SEVERITIES, Evidence, Finding, rank_findings
-from ..logtext.lines import _LazyRe
+from ..logtext.lines import LazyRe
 from .rule import Rule
 from .template import render, render_all, render_first, render_paragraph
 
@@ -142,7 +142,7 @@ def _say_codes(words: dict[str, dict[str, str]], facts: dict[str, Any]) -> dict[
 # Where a clause starts: an open bracket, a colon, a dash, a comma, a sentence end.
 # (the spaces before it are found with rstrip: a leading \s* would make finditer quadratic
 # on a run of spaces)
-_CLAUSE = _LazyRe(r"[(\[:;,\u2014\u2013]|\s-\s|\.\s")
+_CLAUSE = LazyRe(r"[(\[:;,\u2014\u2013]|\s-\s|\.\s")
 _DANGLING = " \t([{:;,.-\u2014\u2013"
 
 

@@ -37,6 +37,7 @@ MIN_SHARED = 3
 MIN_SCORE = 0.6
 MARGIN = 0.1
 MAX_CANDIDATES = 200
+ANCHORS = 1
 
 
 class _Message:
@@ -100,6 +101,10 @@ class LikelyIndex:
             total = sum(self.weight[w] for w in m.words)
             score = sum(self.weight[w] for w in shared) / total if total else 0.0
             scored.append((score, len(shared), i, shared))
+        # the words Python and the OS say in every error are no sign of which library's cause
+        # it is: at least ANCHORS shared words must be a library's own
+        generic = python_words()
+        scored = [s for s in scored if sum(1 for w in s[3] if w not in generic) >= ANCHORS]
         if not scored:
             return None
         scored.sort(reverse=True)
@@ -116,6 +121,31 @@ class LikelyIndex:
             if total and same / total >= score - 0.05:
                 return None  # as close to a look-alike the rule knows as to its message
         return best, score, sorted(shared, key=lambda w: -self.weight[w])
+
+
+_PYTHON_WORDS: dict[str, int] | None = None
+
+
+def python_words() -> dict[str, int]:
+    """The words of Python's and the OS's own error messages, with their tier (0: the
+    interpreter's and the OS's, 1: the standard library's): knowledge/tables/python-words.txt,
+    mined by scripts/mine_python_words.py. They say an error happened, not which cause."""
+    global _PYTHON_WORDS
+    if _PYTHON_WORDS is None:
+        import os
+
+        path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "knowledge", "tables", "python-words.txt")
+        out: dict[str, int] = {}
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    parts = line.split()
+                    if len(parts) == 2 and not line.startswith("#"):
+                        out[parts[0]] = int(parts[1])
+        except OSError:
+            pass
+        _PYTHON_WORDS = out
+    return _PYTHON_WORDS
 
 
 def _words(text: str) -> set[str]:

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mpdoctor.engine import rulecache
 from mpdoctor import rulebase
+from mpdoctor.engine import rulecache
 from mpdoctor.engine.rule import LazyPattern, RuleError
-from mpdoctor.explain import explain_text
+from mpdoctor.logs import explain_text
 from tests.rulekit import private_cache, rule_toml, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
-
 
 BAD = [
     # (what the file says, words the message must contain)
@@ -274,3 +273,90 @@ def test_a_cache_entry_of_the_wrong_shape_is_ignored(tmp_path, entry):
     assert [r.id for r in rules] == ["shape"] and rules[0].priority == 50
     assert explain_text("SHAPE FAILED 7", rules).findings[0].rule == "shape"
     assert path.is_file()
+
+
+# -- what a rule names is read from its own folder only (issue 17) ---------------------------
+
+def _run_rules(*args, timeout=60):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "mpdoctor", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("name, words", [
+    ("/dev/zero", "is an absolute path"),
+    ("/etc/passwd", "is an absolute path"),
+    ("../../../../etc/passwd", "climbs out with '..'"),
+    ("~/.netrc", "is an absolute path"),
+])
+def test_an_example_file_outside_the_rule_folder_is_a_load_error_not_a_read(tmp_path, name, words):
+    """The repro: `file = "/dev/zero"` read until memory ran out, `file = "/etc/passwd"`
+    was printed by `rules show`. Each face says which rule file is wrong, reads nothing,
+    prints nothing of it; in a few seconds (a read of /dev/zero never ends)."""
+    path = write_rule(tmp_path / "r", "mine", examples=[{"file": name}])
+    for args in (["rules", "show", "mine", "--rules", tmp_path / "r"], ["rules", "test", tmp_path / "r"],
+                 ["rules", "show", "mine", "--rules", tmp_path / "r", "--format", "json"],
+                 ["explain", "-", "--rules", tmp_path / "r"]):
+        out = _run_rules(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stdout == "" and "root:" not in out.stderr
+        assert out.stderr.count("\n") == 1 and str(path) in out.stderr and "'mine'" in out.stderr and words in out.stderr
+
+
+def test_links_out_devices_fifos_and_big_files_in_the_folder_are_refused(tmp_path):
+    import os
+
+    folder = tmp_path / "r"
+    (folder / "log").mkdir(parents=True)
+    os.symlink("/etc/passwd", folder / "log" / "passwd.log")
+    os.symlink("/dev/zero", folder / "log" / "zero.log")
+    os.mkfifo(folder / "log" / "fifo.log")
+    (folder / "log" / "big.log").write_bytes(b"MINE FAILED\n" * (1 << 17))  # 1.5 MB
+    for name, words in (("passwd.log", "is a link out of the rule's folder"),
+                        ("zero.log", "is a link out of the rule's folder"),
+                        ("fifo.log", "is not a regular file"), ("big.log", "is larger than 1 MB")):
+        write_rule(folder, "mine", examples=[{"file": name}])
+        rulecache.reset()
+        with pytest.raises(RuleError) as err:
+            rulebase.load_folder(folder)
+        assert "'mine'" in str(err.value) and words in str(err.value), name
+
+
+def test_a_file_inside_the_folder_still_works_and_a_later_swap_is_refused_on_read(tmp_path):
+    """A rule cached while its example was fine, whose example became a link out since:
+    the read refuses it (the cache skips the load-time check)."""
+    import os
+
+    folder = tmp_path / "r"
+    write_rule(folder, "mine", examples=[{"file": "ex.log"}])
+    (folder / "log" / "ex.log").write_text("Traceback (most recent call last):\nMINE FAILED here\n")
+    out = _run_rules("rules", "test", folder)
+    assert out.returncode == 0 and "0 failed" in out.stdout, out.stdout + out.stderr
+    out = _run_rules("rules", "show", "mine", "--rules", folder, "--format", "markdown")
+    assert out.returncode == 0 and "MINE FAILED here" in out.stdout
+    (folder / "log" / "ex.log").unlink()
+    os.symlink("/etc/passwd", folder / "log" / "ex.log")
+    from mpdoctor.engine.selftest import example_text
+
+    rules = rulebase.load_folder(folder)  # from the cache: the old, checked entry
+    with pytest.raises(RuleError, match="is a link out of the rule's folder"):
+        example_text(rules[0], rules[0].examples[0])
+
+
+def test_the_ambiguous_empty_alternation_pattern_is_refused(tmp_path):
+    """The repro: this passed the checker and `rules test`, then `explain` ran for minutes
+    on a 1 KB log: `(?:_|)` may take nothing, so the letter runs around it are side by side."""
+    for pattern in (r"[A-Za-z]+(?:_|)[A-Za-z]+(?:_|)[A-Za-z]+Error: bad thing",
+                    r"[A-Za-z]+(?:|_)[A-Za-z]+Error: bad thing", r"\w+(?:-\w+)?\w+Error: bad thing"):
+        path = write_rule(tmp_path / "r", "slow", patterns=[pattern])
+        rulecache.reset()
+        with pytest.raises(RuleError) as err:
+            rulebase.load_folder(tmp_path / "r")
+        assert str(err.value).startswith(str(path)) and "two repetitions side by side" in str(err.value), pattern
+    # a separator that must be there keeps them apart
+    write_rule(tmp_path / "r", "slow", patterns=[r"[A-Za-z]+(?:_|-)[A-Za-z]+Error: bad thing"],
+               examples=[{"text": "Some_BigError: bad thing"}])
+    rulecache.reset()
+    assert [r.id for r in rulebase.load_folder(tmp_path / "r")] == ["slow"]

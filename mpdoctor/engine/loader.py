@@ -4,6 +4,13 @@ One rule per file under `rules/` (`log/<category>/`, `env/`, `run/`, `probe/`). 
 malformed file gets a `RuleError` naming the file, the rule and what is wrong; so does a
 template placeholder that no pattern, deriver or check produces (the fact vocabulary,
 engine.facts, is handed in by the caller: the engine knows no face).
+
+Every file a rule names (an example's `file`, `snapshot`, `events`, `probe`) is read
+from inside the rule's own folder only: the folder it was loaded from (for the
+built-in rules, the project folder holding rules/ and fixtures/). A name that is
+absolute, climbs out with `..`, links out, is not a regular file (/dev/zero, a FIFO)
+or is larger than MAX_RESOURCE_BYTES is a RuleError naming the rule file, said when the
+rule loads and again whenever the file is read.
 """
 
 from __future__ import annotations
@@ -380,6 +387,7 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
 
     if not os.path.isdir(directory):
         raise RuleError(directory, None, "is not a folder of rules")
+    folder = os.path.realpath(str(directory))
     cache = rulecache.get()
     rules = []
     for name, stat_key, size in (_files if _files is not None else _stat_files(directory)):
@@ -392,14 +400,115 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
                 rule = None
             if rule is not None:
                 rule._docs = (lambda name=name: cache.docs(name))
+                rule.folder = folder
                 rules.append(rule)
                 continue
         data = _read_toml(path)
         rule = parse_rule(path, data, vocabulary=vocabulary)
+        rule.folder = folder
+        check_resources(rule)  # before the cache keeps it
         cache.store(name, stat_key, size, data, *cache_form(rule), checked=vocabulary is not None)
         rules.append(rule)
     cache.save()
     return rules
+
+
+# --- the files a rule names -------------------------------------------------------------
+
+MAX_RESOURCE_BYTES = 1 << 20  # an example log, snapshot or recorded run is a few KB
+_RESOURCE_KEYS = ("file", "snapshot", "events", "probe")
+
+
+def _resource_bases(rule: Rule) -> tuple[str, list[str]]:
+    """(the folder the rule's files must stay inside, the folders a name is looked up
+    in, in order). A built-in rule names files from the project folder (`fixtures/...`,
+    beside rules/); a user's rule from its own file's folder, then the folder it was
+    loaded from."""
+    real = os.path.realpath(str(rule._path))
+    here = os.path.dirname(real)
+    builtin = os.path.realpath(_builtin_rules_dir())
+    if real.startswith(builtin + os.sep):
+        project = os.path.dirname(builtin)
+        return project, [here, project, builtin]
+    folder = getattr(rule, "folder", None)
+    root = os.path.realpath(folder) if folder else here
+    return root, [here, root] if here != root else [root]
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resource_path(rule: Rule, name: Any) -> "Path":
+    """Where the file a rule's example names is, checked: inside the rule's folder, a
+    regular file, at most MAX_RESOURCE_BYTES. RuleError (naming the rule file) for one
+    it may not read; a name found nowhere gives a path that does not exist (the caller
+    says "not found")."""
+    import stat
+    from pathlib import Path
+
+    def refuse(problem: str) -> RuleError:
+        return RuleError(rule._path, rule.id, f"example file {name!r} {problem}")
+
+    if not isinstance(name, str) or not name.strip() or "\x00" in name:
+        raise refuse("is not a file name")
+    root, bases = _resource_bases(rule)
+    if os.path.isabs(name) or name.startswith("~") or re.match(r"^[A-Za-z]:[\\/]", name):
+        raise refuse(f"is an absolute path: a rule reads files inside its own folder only ({root})")
+    if ".." in re.split(r"[\\/]+", name):
+        raise refuse(f"climbs out with '..': a rule reads files inside its own folder only ({root})")
+    found = next((os.path.join(b, name) for b in bases if os.path.lexists(os.path.join(b, name))), None)
+    if found is None:
+        return Path(os.path.join(root, name))
+    real = os.path.realpath(found)
+    if not _inside(real, root):
+        raise refuse(f"is a link out of the rule's folder ({root})")
+    try:
+        st = os.stat(real)
+    except OSError:  # a link to nothing: not found
+        return Path(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise refuse("is not a regular file (a device, a FIFO, a folder): not read")
+    if st.st_size > MAX_RESOURCE_BYTES:
+        raise refuse(f"is larger than {MAX_RESOURCE_BYTES >> 20} MB: not read")
+    return Path(real)
+
+
+def read_resource(rule: Rule, name: Any) -> bytes:
+    """The bytes of a file a rule's example names, as resource_path checks it, read
+    without following a link swapped in since and never past MAX_RESOURCE_BYTES.
+    OSError when it is not there."""
+    import stat
+
+    path = resource_path(rule, name)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RuleError(rule._path, rule.id, f"example file {name!r} is not a regular file: not read")
+        chunks, size = [], 0
+        while size <= MAX_RESOURCE_BYTES:
+            chunk = os.read(fd, min(1 << 16, MAX_RESOURCE_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_RESOURCE_BYTES:
+        raise RuleError(rule._path, rule.id, f"example file {name!r} is larger than {MAX_RESOURCE_BYTES >> 20} MB: "
+                                             "not read")
+    return b"".join(chunks)
+
+
+def check_resources(rule: Rule) -> None:
+    """Every file the rule's examples and near misses name may be read (RuleError for
+    the first that may not); a missing one is left to `rules test` to report."""
+    for ex in list(rule.examples) + list(rule.near_misses):
+        for key in _RESOURCE_KEYS:
+            name = getattr(ex, key, None)
+            if name is not None:
+                resource_path(rule, name)
 
 
 _CACHE: dict[tuple[str, ...], tuple[tuple, list[Rule]]] = {}

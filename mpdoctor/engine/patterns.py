@@ -296,7 +296,8 @@ def _walk_shapes(seq: list, outer: int = 1) -> None:
                             "long line; merge them, or put fixed text between them")
                 run = run + [(chars, _max(hi))] if lo == 0 else [(chars, _max(hi))]
                 continue
-            run = []
+            # an optional group ((?:-\\w+)?) may take nothing: what is around it stays side by side
+            run = run if lo == 0 or _first(list(body))[1] else []
             inner = list(body)
             if _max(hi) > 1:
                 if _max(hi) * outer > 1 and _nested_max(inner) * _max(hi) > _BIG and not _has_mandatory(inner):
@@ -314,7 +315,9 @@ def _walk_shapes(seq: list, outer: int = 1) -> None:
                                     "branches start differently, or use a character class")
             _walk_shapes(inner, outer * _max(hi))
         elif op is BRANCH:
-            run = []
+            # an alternation with an empty branch ((?:_|)) may take nothing: the
+            # repetitions on either side of it are side by side
+            run = run if any(_first(list(b))[1] for b in av[1]) else []
             for b in av[1]:
                 _walk_shapes(list(b), outer)
         elif op in (ASSERT, ASSERT_NOT):

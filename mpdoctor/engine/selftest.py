@@ -41,18 +41,19 @@ CaseRunner = Callable[[Rule, Example, "list[Rule]"], "list[Finding]"]
 
 
 def example_path(rule: Rule, name: str) -> "Path":
-    for base in (rule.path.parent, rule.root.parent, rule.root):
-        p = base / name
-        if p.exists():
-            return p
-    return rule.root.parent / name
+    """The file an example names, inside the rule's folder only (loader.resource_path)."""
+    from .loader import resource_path
+
+    return resource_path(rule, name)
 
 
 def example_text(rule: Rule, ex: Example) -> str:
     if ex.text is not None:
         return ex.text
     assert ex.file is not None
-    return example_path(rule, ex.file).read_bytes().decode("utf-8", errors="replace")
+    from .loader import read_resource
+
+    return read_resource(rule, ex.file).decode("utf-8", errors="replace")
 
 
 def facts_problems(expected: dict, actual: dict) -> list[str]:

@@ -27,10 +27,8 @@ MAGIC_USAGE = (
     "       %%mpdoctor explain   (the cell below is the log)"
 )
 _OUTPUT_KEPT = 64 * 1024  # characters of a cell's output kept as context (its last ones)
-# the types shown as a markdown report: the Report, and watch()'s handle where it lives
-# (mpdoctor.api's facade, or the instrumentation's own class before it)
-_REPORTED = (("mpdoctor.findings", "Report"), ("mpdoctor.api", "Watcher"),
-             ("mpdoctor.instrument.watcher", "Watcher"))
+# the types shown as a markdown report: the Report, and the handle watch() returns
+_REPORTED = (("mpdoctor.findings", "Report"), ("mpdoctor.api", "Watcher"))
 
 _ACTIVE: NotebookDoctor | None = None
 _MISSING = object()
@@ -77,14 +75,33 @@ def _note(what: str, exc: BaseException) -> None:
         pass
 
 
-class _Tee:
-    """Keeps the last characters written to a stream while the stream writes them as
-    before. Set as the stream's own `write` attribute, so `sys.stdout` stays the same
-    object (isinstance checks, ipykernel's thread handling untouched)."""
+class _Kept:
+    """The last `_OUTPUT_KEPT` characters a cell wrote (stdout and stderr interleaved as
+    written): at most about twice that is ever held."""
 
-    def __init__(self, stream: Any, keep: list[str]) -> None:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.size = 0
+
+    def add(self, text: str) -> None:
+        self.parts.append(text[-_OUTPUT_KEPT:])
+        self.size += len(self.parts[-1])
+        if self.size > 2 * _OUTPUT_KEPT:
+            self.parts = [self.text()]
+            self.size = len(self.parts[0])
+
+    def text(self) -> str:
+        return "".join(self.parts)[-_OUTPUT_KEPT:]
+
+
+class _Tee:
+    """Keeps what is written to a stream while the stream writes it as before. Set as
+    the stream's own `write` attribute, so `sys.stdout` stays the same object
+    (isinstance checks, ipykernel's thread handling untouched)."""
+
+    def __init__(self, stream: Any, kept: _Kept) -> None:
         self.stream = stream
-        self.keep = keep
+        self.kept = kept
         self.original = stream.write  # called first, whatever happens here
         self.prior = getattr(stream, "__dict__", {}).get("write", _MISSING)
 
@@ -92,9 +109,7 @@ class _Tee:
         written = self.original(text)
         try:
             if isinstance(text, str) and text:
-                self.keep.append(text)
-                if len(self.keep) > 256:
-                    self.keep[:] = ["".join(self.keep)[-_OUTPUT_KEPT:]]
+                self.kept.add(text)
         except Exception:
             pass
         return written
@@ -124,7 +139,7 @@ class NotebookDoctor:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.rules: Any = None
-        self.output: list[str] = []
+        self.output = _Kept()
         self.tees: list[_Tee] = []
         self.last: tuple[BaseException, str, str] | None = None  # (exception, log text, cell label)
 
@@ -163,7 +178,7 @@ class NotebookDoctor:
     def pre_run_cell(self, info: Any = None) -> None:
         try:
             self._stop_capture()
-            self.output = []
+            self.output = _Kept()
             for stream in (sys.stdout, sys.stderr):
                 tee = _Tee(stream, self.output)
                 if tee.install():
@@ -184,7 +199,7 @@ class NotebookDoctor:
                 return
             count = getattr(result, "execution_count", None)
             label = f"Cell In[{count}]" if count is not None else "this cell"
-            text = "".join(self.output)[-_OUTPUT_KEPT:]
+            text = self.output.text()
             if text and not text.endswith("\n"):
                 text += "\n"
             text += self._traceback_text(exc)
@@ -195,7 +210,7 @@ class NotebookDoctor:
         except (Exception, KeyboardInterrupt) as exc:
             _note("no diagnosis for this cell; its error above is unchanged", exc)
         finally:
-            self.output = []
+            self.output = _Kept()
 
     def _traceback_text(self, exc: BaseException) -> str:
         """The exception as Python prints it (what the rules read), without IPython's

@@ -34,7 +34,10 @@ CELLS = {
     "explain_file": "%mpdoctor explain {log}",
     "explain_cell": "%%mpdoctor explain\n{log_text}",
     "check": "%mpdoctor check",
-    "watch": ("m = torch.nn.Linear(2, 2)\nh = mpdoctor.watch(m)\nm(torch.ones(1, 2)).sum().backward()\nh"),
+    # a float16 layer whose output overflows: watch() names it, and the handle shows its report
+    "watch": ("m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).half()\n"
+              "with torch.no_grad():\n    m[0].weight.fill_(300.0)\n"
+              "h = mpdoctor.watch(m)\nm(torch.full((2, 4), 100.0, dtype=torch.half)).float().sum().backward()\nh"),
     # mpdoctor's own state broken on purpose: the next error must still reach the user
     "break_own_state": "import mpdoctor.notebook as nb\nnb._ACTIVE.rules = 'not a rule list'\n" + HALF_MATMUL,
     "still_alive": "nb._ACTIVE.rules = None\nprint('kernel alive')",
@@ -180,7 +183,9 @@ def test_a_watch_handle_renders_as_its_report(notebook):
     results = [o for o in outputs if o["output_type"] == "execute_result"]
     assert len(results) == 1, outputs
     assert _stream(outputs, "stderr") == ""
-    assert results[0]["data"].get("text/markdown", "").startswith("## mpdoctor watch"), outputs
+    markdown = results[0]["data"].get("text/markdown", "")
+    assert markdown.startswith("## mpdoctor watch"), outputs
+    assert "rule `nonfinite-made-in-forward`" in markdown and "`0` (Linear)" in markdown
 
 
 @pytest.mark.slow
@@ -236,3 +241,22 @@ def test_the_command_line_never_imports_ipython(tmp_path):
     top = {name.split(".")[0] for name in imported}
     assert not top & {"IPython", "ipykernel", "jupyter_client", "torch"}, top & {"IPython", "ipykernel", "torch"}
     assert "mpdoctor.notebook" not in imported
+
+
+def test_the_output_kept_as_context_is_bounded_and_passes_through():
+    import io
+
+    from mpdoctor.notebook import _OUTPUT_KEPT, _Kept, _Tee
+
+    stream, kept = io.StringIO(), _Kept()
+    tee = _Tee(stream, kept)
+    assert tee.install()
+    chunk = "loss 0.5 " * 1000 + "\n"
+    for _ in range(200):
+        print(chunk, end="", file=stream)
+    print("the last line", file=stream)
+    tee.uninstall()
+    assert stream.getvalue() == chunk * 200 + "the last line\n"  # every byte, as written
+    assert "write" not in vars(stream)  # the stream's own write again
+    assert kept.text() == (chunk * 200 + "the last line\n")[-_OUTPUT_KEPT:]
+    assert sum(map(len, kept.parts)) <= 2 * _OUTPUT_KEPT

@@ -43,6 +43,13 @@ EXPECTED = {
                                     "num-processes-exceeds-gpus", "multi-gpu-config-one-gpu", "precision-sources-disagree"},
     "rtx5090-cu124-ptx": {"gpu-runs-on-ptx-only"},
     "broken-accelerate-config": {"accelerate-config-unreadable"},
+    # no accelerate config: a run in fp32 (explain --snapshot's OOM refinements)
+    "rtx4090-fp32-no-config": set(),
+    "v100-fp32-no-config": {"flash-attn-needs-ampere"},
+    # accelerate without Requires-Dist metadata: its torch floor from mpdoctor's table
+    "accelerate-no-requires-old-torch": {"driver-too-old-for-build", "no-kernel-image-for-gpu",
+                                         "fp16-silently-fp32-on-cpu", "accelerate-needs-newer-torch",
+                                         "library-requirement-unmet", "host-memory-low"},
 }
 
 

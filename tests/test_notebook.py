@@ -42,6 +42,9 @@ CELLS = {
     "break_own_state": "import mpdoctor.notebook as nb\nnb._ACTIVE.rules = 'not a rule list'\n" + HALF_MATMUL,
     "still_alive": "nb._ACTIVE.rules = None\nprint('kernel alive')",
     "usage": "%mpdoctor",
+    "reload": "%reload_ext mpdoctor\n" + SCALAR_TYPE,  # the hooks once, not twice
+    "unload": "%unload_ext mpdoctor\n" + SCALAR_TYPE,
+    "magic_gone": "%mpdoctor last",
 }
 
 
@@ -226,6 +229,14 @@ def test_a_terminal_ipython_gets_plain_text(tmp_path):
     assert "KeyError" in key_error and "mpdoctor" not in key_error
     assert "alive" in out
     assert "mpdoctor:" not in proc.stderr + out, proc.stderr
+
+
+@pytest.mark.slow
+def test_reload_and_unload(notebook):
+    assert len(_markdown(notebook["reload"])) == 1
+    assert _error(notebook["unload"])["ename"] == "RuntimeError"
+    assert [o["output_type"] for o in notebook["unload"]] == ["error"]
+    assert "Line magic function `%mpdoctor` not found" in _stream(notebook["magic_gone"], "stderr")
 
 
 def test_the_command_line_never_imports_ipython(tmp_path):

@@ -39,7 +39,7 @@ def _load_mpdoctor():
     import importlib
 
     import mpdoctor
-    from mpdoctor.explain import explain_path
+    from mpdoctor.logs import explain_path
 
     # load_rules lives in mpdoctor.engine.rules; later layouts moved it.
     load_rules = None

@@ -151,9 +151,8 @@ def grep_phrases() -> list[str]:
 SCAN_CODE = """
 import sys, time
 from mpdoctor.rulebase import load
-from mpdoctor.explain import matcher_for
-from mpdoctor.scan import read_log
-spec = matcher_for(load()).prefilter()
+from mpdoctor.logs import prefilter_for, read_log
+spec = prefilter_for(load())
 t = time.perf_counter()
 log = read_log(sys.argv[1], spec)
 print(time.perf_counter() - t, log.info["matcher"], log.info.get("regions"))

@@ -60,7 +60,7 @@ def load_folder(directory: "str | Path") -> "list[Rule]":
 def case_runners() -> "dict[str, CaseRunner]":
     """How `rules test` judges an example of each kind: the way its face would."""
     from .engine.selftest import example_path
-    from .explain import explain_case
+    from .logs import explain_case
 
     def refinement_case(rule: Any, ex: Any, rules: Any) -> Any:
         # the example's log explained, then its top finding refined on the snapshot's machine

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mpdoctor import cli
 from mpdoctor import rulebase
-from mpdoctor.explain import explain_text
+from mpdoctor.logs import explain_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMS = ROOT / "fixtures" / "logs" / "forms"

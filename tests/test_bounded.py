@@ -25,11 +25,15 @@ import pytest
 
 import mpdoctor.engine as engine_pkg
 import mpdoctor.logtext as logtext_pkg
-from mpdoctor import rulebase, scan
+from mpdoctor import logs as logs_pkg
+from mpdoctor import rulebase
 from mpdoctor.engine.fixedruns import runs_in_order
-from mpdoctor.explain import explain_path, explain_text, matcher_for
+from mpdoctor.logs import explain_path, explain_text, matcher_for, prefilter_for, read
+from mpdoctor.logs import regions as log_regions
+from mpdoctor.logs.prefilter import TRIGGERS, Prefilter
+from mpdoctor.logs.scan_python import PyLiteralFinder
 from mpdoctor.logtext import normalise, segment
-from mpdoctor.logtext.lines import LogLine, _LazyRe
+from mpdoctor.logtext.lines import LazyRe, LogLine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,16 +60,16 @@ def _timed(fn, limit: float) -> float:
 
 
 def _module_patterns() -> dict[str, re.Pattern]:
-    """Every module-level pattern (or tuple of them) in logtext/, engine/ and scan.py."""
-    mods = [scan]
-    for pkg in (logtext_pkg, engine_pkg):
+    """Every module-level pattern (or tuple of them) in logtext/, engine/ and logs/."""
+    mods = []
+    for pkg in (logtext_pkg, engine_pkg, logs_pkg):
         for m in pkgutil.iter_modules(pkg.__path__):
             if m.name != "derive":
                 mods.append(importlib.import_module(f"{pkg.__name__}.{m.name}"))
     found: dict[str, re.Pattern] = {}
 
     def collect(name: str, obj, depth: int = 0) -> None:
-        if isinstance(obj, _LazyRe):
+        if isinstance(obj, LazyRe):
             found[name] = re.compile(*obj._args)
         elif isinstance(obj, re.Pattern):
             found[name] = obj
@@ -282,14 +286,14 @@ def test_memory_is_bounded_by_what_is_kept_not_by_the_log(tmp_path, monkeypatch)
     """A scan marker on every line of a 3 MB log (1.1 GB for 100 MB before): the kept
     regions are capped (head and tail; the middle dropped and counted), so memory is
     that of what is kept. Budgets made small here so that tracemalloc stays quick."""
-    monkeypatch.setattr(scan, "CHUNK", 2 * 1024 * 1024)
-    monkeypatch.setattr(scan, "WHOLE_LIMIT", 1024 * 1024)
-    monkeypatch.setattr(scan, "HEAD_BUDGET", 256 * 1024)
-    monkeypatch.setattr(scan, "TAIL_BUDGET", 512 * 1024)
+    monkeypatch.setattr(log_regions, "CHUNK", 2 * 1024 * 1024)
+    monkeypatch.setattr(read, "WHOLE_LIMIT", 1024 * 1024)
+    monkeypatch.setattr(log_regions, "HEAD_BUDGET", 256 * 1024)
+    monkeypatch.setattr(log_regions, "TAIL_BUDGET", 512 * 1024)
     path = tmp_path / "markers.log"
     _marker_log(path, 3)
     rules = rulebase.load()
-    matcher_for(rules).prefilter()
+    prefilter_for(rules)
     tracemalloc.start()
     try:
         report = explain_path(path, rules)
@@ -303,16 +307,16 @@ def test_memory_is_bounded_by_what_is_kept_not_by_the_log(tmp_path, monkeypatch)
 
 
 def test_the_scanner_keeps_head_and_tail_of_one_region_that_never_ends():
-    scanner = scan.RegionScanner(["zzz"])
+    scanner = log_regions.RegionScanner(["zzz"])
     line = b"Error: x\n"
     for _ in range(20):
-        scanner.feed(line * (scan.HEAD_BUDGET // len(line) // 4))
+        scanner.feed(line * (log_regions.HEAD_BUDGET // len(line) // 4))
     regions = scanner.finish()
     assert len(regions) == 2
     (h_no, head), (t_no, tail) = regions
-    assert h_no == 1 and len(head) <= scan.HEAD_BUDGET and len(tail) <= scan.TAIL_BUDGET
+    assert h_no == 1 and len(head) <= log_regions.HEAD_BUDGET and len(tail) <= log_regions.TAIL_BUDGET
     assert t_no + tail.count(b"\n") - 1 == scanner.line_count  # the tail ends at the log's last line
-    assert scanner.dropped_bytes == 20 * len(line) * (scan.HEAD_BUDGET // len(line) // 4) - len(head) - len(tail)
+    assert scanner.dropped_bytes == 20 * len(line) * (log_regions.HEAD_BUDGET // len(line) // 4) - len(head) - len(tail)
 
 
 # -- the pure-Python scan ------------------------------------------------------------------
@@ -328,7 +332,7 @@ def _reference_lines(spec, buf: bytes) -> set[int]:
     def line_of(i: int) -> int:
         return low.count(b"\n", 0, i)
 
-    items = [(t.lower().encode(), None) for t in scan.TRIGGERS]
+    items = [(t.lower().encode(), None) for t in TRIGGERS]
     items += [(lit.encode(), checks) for (lit, _c), checks in spec.checks.items()]
     for lit, checks in items:
         i = joined.find(lit)
@@ -365,8 +369,8 @@ def test_python_scan_keeps_every_line_a_literal_by_literal_scan_keeps(monkeypatc
     distinct line shapes are searched), with pastes wrapped at 60 columns (literals split
     over line breaks): the same lines as the reference scan, no fewer."""
     monkeypatch.setenv("MPDOCTOR_NO_HYPERSCAN", "1")
-    spec = matcher_for(rulebase.load()).prefilter()
-    finder = scan._PyLiteralFinder(spec)
+    spec = prefilter_for(rulebase.load())
+    finder = PyLiteralFinder(spec)
     buf = _fixture_text(wrap) * repeat
     got = {buf.count(b"\n", 0, p) for p in finder.positions(buf)}
     want = _reference_lines(spec, buf)
@@ -383,15 +387,15 @@ def test_python_scan_of_a_training_log_is_a_few_passes(monkeypatch):
     lines = [f"[rank0]: step {i:>8} | loss {rng.random() * 3:.4f} | lr 2.9e-04 | grad_norm {rng.random():.3f}"
              for i in range(100_000)]
     buf = ("\n".join(lines) + "\n").encode()
-    spec = matcher_for(rulebase.load()).prefilter()
-    finder = scan._PyLiteralFinder(spec)
+    spec = prefilter_for(rulebase.load())
+    finder = PyLiteralFinder(spec)
     took = _timed(lambda: finder.positions(buf), 30)
     assert took < 2.5, f"{took:.2f} s for {len(buf) / 1e6:.0f} MB"
 
 
 def test_digits_masked_for_the_shapes_do_not_invent_or_lose_hits():
-    spec = scan.Prefilter(["fp16 overflow"])
-    finder = scan._PyLiteralFinder(spec)
+    spec = Prefilter(["fp16 overflow"])
+    finder = PyLiteralFinder(spec)
     buf = b"".join([b"step 1 fp32 overflow\n"] * 50 + [b"step 2 fp16 overflow\n"] + [b"step 3 fp32 overflow\n"] * 50)
     got = sorted({buf.count(b"\n", 0, p) for p in finder.positions(buf)})
     assert got == [50]

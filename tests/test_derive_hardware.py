@@ -14,7 +14,7 @@ from mpdoctor.engine.derive.hardware import (
     driver_max_cuda,
     normalise_cc,
 )
-from mpdoctor.explain import explain_text
+from mpdoctor.logs import explain_text
 
 
 @pytest.mark.parametrize("text, cc", [

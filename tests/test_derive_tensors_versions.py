@@ -5,7 +5,7 @@ from __future__ import annotations
 from mpdoctor.engine.derive import run_deriver
 from mpdoctor.engine.derive.tensors import device_name, op_of
 from mpdoctor.engine.derive.versions import demangle, library_info
-from mpdoctor.explain import explain_text
+from mpdoctor.logs import explain_text
 
 
 def test_devices_and_ops():

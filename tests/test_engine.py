@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from mpdoctor import scan
 from mpdoctor import rulebase
-from mpdoctor.engine.selftest import run_selftest
 from mpdoctor.engine.assemble import assemble
-from mpdoctor.explain import explain_path, explain_text
+from mpdoctor.engine.selftest import run_selftest
+from mpdoctor.logs import explain_path, explain_text, read
+from mpdoctor.logs import regions as log_regions
 from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,8 +169,8 @@ def test_regions_match_whole_file_across_chunk_boundaries(tmp_path, monkeypatch,
     else:
         pytest.importorskip("hyperscan")
     # small chunks so that a medium log crosses many boundaries
-    monkeypatch.setattr(scan, "WHOLE_LIMIT", 64 * 1024)
-    monkeypatch.setattr(scan, "CHUNK", 64 * 1024)
+    monkeypatch.setattr(read, "WHOLE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(log_regions, "CHUNK", 64 * 1024)
     tb = (FORMS / "torchrun-tee-default-prefix.log").read_text().rstrip("\n")
     nan = "[rank0]: {'loss': nan, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.5}"
     text = _training_log(16_000, 3, {900: tb, 7_000: nan, 7_001: nan, 7_002: nan, 15_000: tb})
@@ -191,8 +191,8 @@ def test_regions_match_whole_file_across_chunk_boundaries(tmp_path, monkeypatch,
 
 
 def test_a_line_longer_than_a_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr(scan, "WHOLE_LIMIT", 16 * 1024)
-    monkeypatch.setattr(scan, "CHUNK", 16 * 1024)
+    monkeypatch.setattr(read, "WHOLE_LIMIT", 16 * 1024)
+    monkeypatch.setattr(log_regions, "CHUNK", 16 * 1024)
     oom = (FORMS / "slurm-srun-label.log").read_text()
     text = "a" * 100_000 + "\n" + "b " * 50_000 + "\n" + oom
     path = tmp_path / "long.log"

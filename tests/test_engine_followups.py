@@ -7,7 +7,7 @@ import pytest
 
 from mpdoctor.engine import rulecache
 from mpdoctor import rulebase
-from mpdoctor.explain import explain_text
+from mpdoctor.logs import explain_text
 from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 
 

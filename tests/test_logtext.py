@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 
 from mpdoctor import rulebase
-from mpdoctor.explain import explain_path, explain_text
-from mpdoctor.logtext import (
-    clean_physical_line,
-    normalise,
-    segment,
-    split_overwrites,
-    strip_prefixes,
-)
+from mpdoctor.logs import explain_path, explain_text
+from mpdoctor.logtext import clean_physical_line, normalise, segment, split_overwrites, strip_prefixes
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMS = ROOT / "fixtures" / "logs" / "forms"
@@ -305,7 +299,7 @@ def _evidence(report) -> list:
     ("cp1252", lambda t: ("Démarrage de l'entraînement — étape 1\n" + t).encode("cp1252"), 1),
 ])
 def test_a_log_in_any_encoding_is_read_as_a_log(tmp_path, name, encode, extra_lines):
-    from mpdoctor.explain import explain_path
+    from mpdoctor.logs import explain_path
 
     text = _oom_log()
     plain = tmp_path / "plain.log"
@@ -318,11 +312,11 @@ def test_a_log_in_any_encoding_is_read_as_a_log(tmp_path, name, encode, extra_li
 
 
 def test_a_big_utf16_log_is_scanned_in_regions_with_its_line_numbers(tmp_path, monkeypatch):
-    from mpdoctor import scan
-    from mpdoctor.explain import explain_path
+    from mpdoctor.logs import explain_path, read
+    from mpdoctor.logs import regions as log_regions
 
-    monkeypatch.setattr(scan, "WHOLE_LIMIT", 64 * 1024)
-    monkeypatch.setattr(scan, "CHUNK", 64 * 1024)
+    monkeypatch.setattr(read, "WHOLE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(log_regions, "CHUNK", 64 * 1024)
     text = "".join(f"[rank0]: step {i} | loss 0.5\n" for i in range(5_000)) + _oom_log()
     (tmp_path / "plain.log").write_text(text)
     (tmp_path / "u16.log").write_bytes(text.encode("utf-16"))
@@ -338,7 +332,7 @@ def test_a_big_utf16_log_is_scanned_in_regions_with_its_line_numbers(tmp_path, m
     ("gzip", lambda: __import__("gzip").compress(b"Traceback (most recent call last):\n" * 2000)),
 ])
 def test_binary_is_still_binary(tmp_path, name, data):
-    from mpdoctor.scan import InputError, read_log
+    from mpdoctor.logs import InputError, read_log
 
     path = tmp_path / "x.log"
     path.write_bytes(data())

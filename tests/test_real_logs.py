@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mpdoctor import rulebase
-from mpdoctor.explain import explain_path
+from mpdoctor.logs import explain_path
 from mpdoctor.findings import CATEGORIES
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"

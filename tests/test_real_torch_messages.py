@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from mpdoctor.explain import explain_text  # noqa: E402
+from mpdoctor.logs import explain_text  # noqa: E402
 
 
 def _raised(fn) -> str:

@@ -83,9 +83,8 @@ class ProgressLine:
 
 
 def main(args: Namespace) -> int:
-    from ..explain import explain_path
+    from ..logs import InputError, explain_path
     from ..render import SCHEMAS, emit
-    from ..scan import InputError
 
     if args.path == "-":
         if sys.stdin is None:  # started with `<&-`

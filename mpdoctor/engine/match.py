@@ -13,8 +13,7 @@ import re
 from typing import Any, Iterable
 
 from ..findings import Evidence, Finding, Unrecognised, rank_findings
-from ..logtext import MAX_MATCH_CHARS, LogLine, Traceback
-from ..logtext.lines import _LazyRe
+from ..logtext import MAX_MATCH_CHARS, LazyRe, LogLine, Traceback
 from .assemble import assemble, supersede
 from .rule import Rule
 
@@ -22,16 +21,16 @@ MAX_EVIDENCE = 4
 MAX_EVIDENCE_CHARS = 400
 # Below this much text, one str.find per literal beats compiling an alternation.
 _SMALL_TEXT = 1 << 20
-_DIGITS = _LazyRe(r"\d+")
+_DIGITS = LazyRe(r"\d+")
 # "torch.cuda.OutOfMemoryError: ..." and "OutOfMemoryError: ..." are the same message.
-_QUALIFIED = _LazyRe(r"^[\"']?(?:[A-Za-z_]\w{0,60}\.){1,8}(?=[A-Z]\w{0,80}:)")
+_QUALIFIED = LazyRe(r"^[\"']?(?:[A-Za-z_]\w{0,60}\.){1,8}(?=[A-Z]\w{0,80}:)")
 
 
 class Hit:
     """A pattern's match on a line. `key` is the matched text onwards with its numbers
     masked: what makes two hits the same message whatever stands before it on the line
     (a prefix, a JSON key, a module path); `exact` keeps the numbers, to count distinct
-    sightings on lines without a rank. (Plain classes here: see logtext.lines._Plain.)"""
+    sightings on lines without a rank. (Plain classes here: see logtext.lines.)"""
 
     __slots__ = ("line", "facts", "key", "exact")
 
@@ -114,9 +113,9 @@ def _first_match(rule: Rule, text: str, low: str) -> re.Match[str] | None:
 
 
 # A line cut by a hard wrap: what does not start a line of its own.
-_NEW_THING = _LazyRe(r"^(?:File \"|Traceback \(|During handling|The above exception|\[?[\w.]{0,60}(?:Error|Exception|Warning)\b|"
+_NEW_THING = LazyRe(r"^(?:File \"|Traceback \(|During handling|The above exception|\[?[\w.]{0,60}(?:Error|Exception|Warning)\b|"
                         r"\d{4}-\d\d-\d\d|\[rank\d|#\d+ |[-=*#|>]{2})")
-_ENDS_WORD = _LazyRe(r"[A-Za-z0-9_]$")
+_ENDS_WORD = LazyRe(r"[A-Za-z0-9_]$")
 MAX_JOIN = 3
 
 
@@ -155,7 +154,7 @@ def wrap_joins(lines: list[LogLine]) -> list[LogLine]:
     return out
 
 
-_EXCEPTION_START = _LazyRe(r"^[\w.]{0,80}(?:Error|Exception|Warning)\b:? ")
+_EXCEPTION_START = LazyRe(r"^[\w.]{0,80}(?:Error|Exception|Warning)\b:? ")
 
 
 def _wrapped(a: LogLine, b: LogLine, width: int | None) -> bool:
@@ -194,16 +193,6 @@ class LogMatcher:
         self.rules = [r for r in rules if r.kind == "log"]
         self.index = LiteralIndex(self.rules)
         self._by_id = {r.id: r for r in self.rules}
-        self._prefilter: Any = None
-
-    def prefilter(self) -> Any:
-        """What a streaming scan of a big log must keep (engine.prefilter), built on first
-        use: only a log too big to read whole needs it."""
-        if self._prefilter is None:
-            from .prefilter import build_prefilter
-
-            self._prefilter = build_prefilter(self.rules)
-        return self._prefilter
 
     # -- hits ---------------------------------------------------------------------------
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from .lines import _HEAD, _LazyRe
+from .lines import _HEAD, LazyRe
 
-
-_ANSI = _LazyRe(
+_ANSI = LazyRe(
     r"(?:\x1b|\^\[)\[[0-9;:?<>=!]{0,64}[ -/]{0,8}[@-~]"  # CSI (colours, cursor moves); ^[ = cat -v
     r"|\x1b\][^\x07\x1b]{0,2048}(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks)
     r"|\x1b[@-Z\\-_]"  # two-byte escapes
@@ -18,14 +17,14 @@ _ANSI = _LazyRe(
 )
 
 
-_CONTROL = _LazyRe(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROL = LazyRe(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 # Full-width and CJK punctuation from localised terminals and machine-translated pages.
 # NFKC maps most full-width forms to ASCII but glues them to the next word
 # ("RuntimeError：CUDA" -> "RuntimeError:CUDA"); these keep the space that the English
 # message has, so that rules see the library's own wording.
-_WIDE_PUNCT = _LazyRe(r"([（【「『])|([：；，。、！？）】」』])[ \t\u3000]{0,8}")
+_WIDE_PUNCT = LazyRe(r"([（【「『])|([：；，。、！？）】」』])[ \t\u3000]{0,8}")
 
 
 _WIDE_MAP = {
@@ -37,16 +36,16 @@ _WIDE_MAP = {
 _QUOTE_PAIRS = (("“", '"'), ("”", '"'), ("‘", "'"), ("’", "'"), ("\u3000", " "), ("\u00a0", " "))
 
 
-_TRAILING_PUNCT_SPACE = _LazyRe(r"(?<=[:;,.!?)\]\"]) (?=[\"')\],.]|$)")
+_TRAILING_PUNCT_SPACE = LazyRe(r"(?<=[:;,.!?)\]\"]) (?=[\"')\],.]|$)")
 
 
 # Prefixes stacked before the real text. Each is tried repeatedly at the line start.
 _RANK_PREFIXES = (
-    ("[", _LazyRe(r"\[(?:rank|default|Rank)(?P<rank>\d{1,5})\]:?\s?")),  # [rank0]: / [default3]:
-    ("[", _LazyRe(r"\[\d{1,5},(?P<rank>\d{1,5})\]<std(?:out|err)>:\s?")),  # mpirun --tag-output
-    ("(", _LazyRe(r"\((?:\w{1,40} )?rank=(?P<rank>\d{1,5})[^)]{0,80}\)\s?")),  # (VllmWorker rank=1 pid=12)
-    (("rank", "Rank", "RANK"), _LazyRe(r"(?:rank|Rank|RANK)\s?(?P<rank>\d{1,5})\s?[:|]\s?(?=\S)")),  # rank 1: / Rank0 |
-    ("0123456789", _LazyRe(r"(?P<rank>\d{1,3}): ")),  # torchrun --tee / srun -l "0: "
+    ("[", LazyRe(r"\[(?:rank|default|Rank)(?P<rank>\d{1,5})\]:?\s?")),  # [rank0]: / [default3]:
+    ("[", LazyRe(r"\[\d{1,5},(?P<rank>\d{1,5})\]<std(?:out|err)>:\s?")),  # mpirun --tag-output
+    ("(", LazyRe(r"\((?:\w{1,40} )?rank=(?P<rank>\d{1,5})[^)]{0,80}\)\s?")),  # (VllmWorker rank=1 pid=12)
+    (("rank", "Rank", "RANK"), LazyRe(r"(?:rank|Rank|RANK)\s?(?P<rank>\d{1,5})\s?[:|]\s?(?=\S)")),  # rank 1: / Rank0 |
+    ("0123456789", LazyRe(r"(?P<rank>\d{1,3}): ")),  # torchrun --tee / srun -l "0: "
 )
 
 
@@ -60,53 +59,53 @@ _MONTHS = ("Jan ", "Feb ", "Mar ", "Apr ", "May ", "Jun ", "Jul ", "Aug ", "Sep 
 _OTHER_PREFIXES = (
     # ISO-ish or US timestamps, optionally bracketed, optionally followed by a logger
     # name and a level: "2024-01-01 12:00:00,123 - root - ERROR - ", "[2024-...][INFO] "
-    ("[0123456789", _LazyRe(
+    ("[0123456789", LazyRe(
         r"\[?(?:\d{4}-\d{2}-\d{2}|\d{2}/\d{2}/\d{2,4})[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?"
         r"(?:Z|[+-]\d{2}:?\d{2}| ?[A-Z]{3})?\]?"
         r"(?:\s{0,4}[-|:]?\s{0,4}(?:[\w.]{1,60}\s{1,4}[-|:]\s{1,4})?\[?" + _LEVEL + r"\]?)?"
         r"(?:\s{0,8}[-|:]\s?(?:[\w.]{1,60}\s[-|:]\s|[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?|\s{1,8}|$)"
     )),
     # journald / syslog: "Oct 04 15:02:41 host unit[123]: "
-    (_MONTHS, _LazyRe(r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: ?")),
+    (_MONTHS, LazyRe(r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: ?")),
     # glog (torch's C++ and torchrun): "W1004 15:02:41.123456 12345 file.cpp:12] "
-    ("IWEF", _LazyRe(r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{1,9}\s{1,8}\d{1,10} [\w./-]{1,200}:\d{1,7}\](?: |$)")),
+    ("IWEF", LazyRe(r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{1,9}\s{1,8}\d{1,10} [\w./-]{1,200}:\d{1,7}\](?: |$)")),
     # vLLM: "ERROR 10-14 12:32:47 multiproc_worker_utils.py:233] ", "INFO 03-02 19:49:43 [x.py:242] "
-    (_LEVELS, _LazyRe(r"" + _LEVEL + r" \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})? \[?[\w./-]{1,200}:\d{1,7}\](?: |$)")),
+    (_LEVELS, LazyRe(r"" + _LEVEL + r" \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})? \[?[\w./-]{1,200}:\d{1,7}\](?: |$)")),
     # bare clock time "[12:00:01] " or "12:00:01 " (rich's log time column too)
-    ("[0123456789", _LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9}|-\d{6})?\]?(?:\s|$)")),
+    ("[0123456789", LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9}|-\d{6})?\]?(?:\s|$)")),
     # python logging "ERROR:root:" / "WARNING:torch.distributed.run:"
-    (_LEVELS, _LazyRe(r"" + _LEVEL + r":[\w.<>-]{1,120}:")),
+    (_LEVELS, LazyRe(r"" + _LEVEL + r":[\w.<>-]{1,120}:")),
     # loguru "2024-.. | ERROR    | mod:fn:12 - " once the time is gone: "| ERROR    | mod:fn:12 - "
     (("|",) + _LEVELS + tuple(" " + lv for lv in _LEVELS),
-     _LazyRe(r"\|?\s?" + _LEVEL + r"\s{1,8}\|\s?(?:[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?")),
+     LazyRe(r"\|?\s?" + _LEVEL + r"\s{1,8}\|\s?(?:[\w.<>]{1,120}:[\w.<>]{1,120}:\d{1,7}\s-\s)?")),
     # bracketed level "[ERROR] " / "[INFO|trainer.py:123] " / deepspeed "[real_accelerator.py:219:get_accelerator] "
-    (tuple("[" + lv for lv in _LEVELS), _LazyRe(r"\[" + _LEVEL + r"(?:\|[^\]]{0,200})?\]\s?")),
-    ("[", _LazyRe(r"\[[\w.-]{1,120}\.py:\d{1,7}(?::[\w<>.]{1,120})?\]\s?")),
+    (tuple("[" + lv for lv in _LEVELS), LazyRe(r"\[" + _LEVEL + r"(?:\|[^\]]{0,200})?\]\s?")),
+    ("[", LazyRe(r"\[[\w.-]{1,120}\.py:\d{1,7}(?::[\w<>.]{1,120})?\]\s?")),
     # rich logging's level column: "ERROR    message" (level padded to 8)
-    (_LEVELS, _LazyRe(r"" + _LEVEL + r"\s{2,8}(?=\S)")),
+    (_LEVELS, LazyRe(r"" + _LEVEL + r"\s{2,8}(?=\S)")),
     # Ray / vLLM process tags "(pid=123) ", "(WorkerDict pid=1, ip=10.0.0.1) "
-    ("(", _LazyRe(r"\((?:\w{1,40} )?pid=\d{1,10}[^)]{0,80}\)\s?")),
+    ("(", LazyRe(r"\((?:\w{1,40} )?pid=\d{1,10}[^)]{0,80}\)\s?")),
     # docker compose "trainer_1  | ", "trainer-1 | "
-    (lambda head: "| " in head[:110], _LazyRe(r"[\w.-]{1,64}(?:[-_]\d{1,4})?\s{1,32}\| ")),
+    (lambda head: "| " in head[:110], LazyRe(r"[\w.-]{1,64}(?:[-_]\d{1,4})?\s{1,32}\| ")),
     # workflow runners "[run/step/task (pid 12)] [0f1e...] "
-    ("[", _LazyRe(r"\[[\w./-]{1,200} \(pid \d{1,10}\)\]\s?(?:\[[0-9a-f-]{8,64}\]\s?)?")),
+    ("[", LazyRe(r"\[[\w./-]{1,200} \(pid \d{1,10}\)\]\s?(?:\[[0-9a-f-]{8,64}\]\s?)?")),
     # accelerate's test harness / CI runners: "stderr: ", "stdout: "
-    (("stderr:", "stdout:"), _LazyRe(r"std(?:err|out): ?")),
+    (("stderr:", "stdout:"), LazyRe(r"std(?:err|out): ?")),
     # pdsh / clush / deepspeed multi-node host prefixes "gpu017: ", "worker-1: "
-    ("abcdefghijklmnopqrstuvwxyz", _LazyRe(r"[a-z][\w-]{0,40}\d{1,5}: ")),
+    ("abcdefghijklmnopqrstuvwxyz", LazyRe(r"[a-z][\w-]{0,40}\d{1,5}: ")),
 )
 
 
 # A rich logging handler's time and level columns ("17:05:31-835745 ERROR    "): it wraps
 # a long message onto lines indented to the message column, which are joined back.
-_RICH_HANDLER = _LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9}|-\d{6})?\]? " + _LEVEL + r" {1,8}(?=\S)")
+_RICH_HANDLER = LazyRe(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9}|-\d{6})?\]? " + _LEVEL + r" {1,8}(?=\S)")
 
 
 # Prefixes that carry a process identity: interleaved lines are split by it.
-_STREAM = _LazyRe(r"pid[= ](\d{1,10})|^([a-z][\w-]{0,40}\d{1,5}): |^([\w.-]{1,64})\s{1,32}\| ")
+_STREAM = LazyRe(r"pid[= ](\d{1,10})|^([a-z][\w-]{0,40}\d{1,5}): |^([\w.-]{1,64})\s{1,32}\| ")
 
 
-_PROGRESS = _LazyRe(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d{1,12}/\d{1,12} \[\d")
+_PROGRESS = LazyRe(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d{1,12}/\d{1,12} \[\d")
 
 
 def split_overwrites(line: str) -> list[str]:
@@ -131,8 +130,8 @@ def _wide_punct(m: re.Match[str]) -> str:
 # What a paste gained or lost on its way through a web page or a chat window, undone:
 # URL-encoding (%20), markdown emphasis and code marks around words, a colon retyped
 # without its space ("CUDA error:out of memory").
-_PERCENT = _LazyRe(r"%([0-9A-Fa-f]{2})")
-_GLUED_COLON = _LazyRe(r":(?:(?<=[Ee]rror:)|(?<=[Ee]xception:)|(?<=[Ww]arning:)|(?<=[Ff]ailed:)|(?<=FAILED:)|(?<=ERROR:))"
+_PERCENT = LazyRe(r"%([0-9A-Fa-f]{2})")
+_GLUED_COLON = LazyRe(r":(?:(?<=[Ee]rror:)|(?<=[Ee]xception:)|(?<=[Ww]arning:)|(?<=[Ff]ailed:)|(?<=FAILED:)|(?<=ERROR:))"
                        r"(?=[A-Za-z])")  # the colon first: skipped to at memchr speed
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 
-class _LazyRe:
+class LazyRe:
     """A module-level regular expression compiled on first use: `mpdoctor explain` on a
     short traceback needs only some of the forms below, and compiling all of them costs
     more than reading the traceback. After the first use its methods are plain

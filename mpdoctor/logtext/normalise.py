@@ -7,8 +7,7 @@ from __future__ import annotations
 import re
 
 from .clean import _PROGRESS, _RICH_HANDLER, _strip_prefixes, clean_physical_line, split_overwrites
-from .lines import LogLine, _HEAD, _LazyRe
-
+from .lines import _HEAD, LazyRe, LogLine
 
 # Rich box borders (rich.traceback, rich logging with tracebacks, typer, accelerate).
 # The top border "╭──── Traceback ────╮" is read by _box_title with str methods: a
@@ -16,48 +15,48 @@ from .lines import LogLine, _HEAD, _LazyRe
 _BOX_CORNERS = ("╭┏╔", "╮┓╗")
 
 
-_BOX_TOP_ASCII = _LazyRe(r"^\s*\+-+ ?(?P<title>Traceback \(most recent call last\)) ?-+\+\s*$")
+_BOX_TOP_ASCII = LazyRe(r"^\s*\+-+ ?(?P<title>Traceback \(most recent call last\)) ?-+\+\s*$")
 
 
-_BOX_BOTTOM = _LazyRe(r"^\s*(?:[╰┗╚][─━═]*[╯┛╝]|\+-{10,}\+)\s*$")
+_BOX_BOTTOM = LazyRe(r"^\s*(?:[╰┗╚][─━═]*[╯┛╝]|\+-{10,}\+)\s*$")
 
 
 _SIDES = "│┃║"
 
 
-_INNER_BORDER = _LazyRe(r"^[╭╰]─*(?:[^─]{1,80}─*)?[╮╯]$")
+_INNER_BORDER = LazyRe(r"^[╭╰]─*(?:[^─]{1,80}─*)?[╮╯]$")
 
 
 # Text that starts a new logical line even when glued onto another.
-_GLUED = _LazyRe(
+_GLUED = LazyRe(
     r"(?<=\S)(?=Traceback \(most recent call last\):)"  # tqdm bar + traceback
     r"|(?<=\S)\s{2,}(?=File \"[^\"]{1,500}\", line \d)"  # padded lines joined in a paste
 )
 
 
 # A traceback flattened onto one line: "Traceback (...): File "a.py", line 3, in f x() ..."
-_FLAT_FRAME = _LazyRe(r"(?<=\S)\s+(?=File \"[^\"]{1,500}\", line \d{1,7})")
+_FLAT_FRAME = LazyRe(r"(?<=\S)\s+(?=File \"[^\"]{1,500}\", line \d{1,7})")
 
 
-_FLAT_CODE = _LazyRe(r"^(File \"[^\"]{1,500}\", line \d{1,7}, in [^\s]{1,200})\s+(.+)$")
+_FLAT_CODE = LazyRe(r"^(File \"[^\"]{1,500}\", line \d{1,7}, in [^\s]{1,200})\s+(.+)$")
 
 
-_FLAT_EXC = _LazyRe(
+_FLAT_EXC = LazyRe(
     r"\s(?=(?:[A-Za-z_]\w{0,60}\.){0,8}[A-Z]\w{0,60}(?:Error|Exception|Interrupt|Exit|Warning|Failure|Failed)(?::\s|$))"
 )
 
 
 # Escaped text inside a JSON string (torchelastic's error file, structured loggers).
-_ESCAPE = _LazyRe(r"\\(u[0-9a-fA-F]{4}|.)")
+_ESCAPE = LazyRe(r"\\(u[0-9a-fA-F]{4}|.)")
 
 
 _ESCAPES = {"n": "\n", "t": "    ", "r": "", '"': '"', "\\": "\\", "/": "/", "'": "'", "b": "", "f": ""}
 
 
-_JSON_KEY = _LazyRe(r'^\s{0,40}[{\[,]{0,4}\s{0,8}"[\w .-]{1,60}":\s{0,4}[{\[]{0,2}\s{0,4}"?')
+_JSON_KEY = LazyRe(r'^\s{0,40}[{\[,]{0,4}\s{0,8}"[\w .-]{1,60}":\s{0,4}[{\[]{0,2}\s{0,4}"?')
 
 
-_JSON_TAIL = _LazyRe(r'"[\s,}\]"]{0,16}$')
+_JSON_TAIL = LazyRe(r'"[\s,}\]"]{0,16}$')
 
 
 def _unescape(text: str) -> str:
@@ -156,7 +155,7 @@ class _Stream:
         self.handler_col = 0
 
 
-_GUTTER = _LazyRe(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13 │ code", "   7 x = 1"
+_GUTTER = LazyRe(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13 │ code", "   7 x = 1"
 
 
 def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:

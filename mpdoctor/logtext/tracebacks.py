@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 
-from .lines import LogLine, MAX_MATCH_CHARS, _HEAD, _LazyRe, _Plain
+from .lines import _HEAD, MAX_MATCH_CHARS, LazyRe, LogLine, _Plain
 
-
-TRACEBACK_HEADER = _LazyRe(r"Traceback \(most recent call last\)|回溯 ?\(最近一次调用")
+TRACEBACK_HEADER = LazyRe(r"Traceback \(most recent call last\)|回溯 ?\(最近一次调用")
 
 
 CHAIN_CAUSE = "The above exception was the direct cause of the following exception"
@@ -18,14 +17,14 @@ CHAIN_DURING = "During handling of the above exception, another exception occurr
 
 
 _FRAME_FORMS = (
-    _LazyRe(r'^\s*(?:File|文件) ?"(?P<file>[^"]{1,1000})", ?(?:line |第 ?)(?P<line>\d{1,7})(?: ?行)?(?:, ?(?:in|在) (?P<func>\S{1,300}))?'),
-    _LazyRe(r"^\s*File (?P<file>[^\s,]{1,1000}):(?P<line>\d{1,7})(?:, in (?P<func>.{1,300}))?$"),  # IPython 8
-    _LazyRe(r"^\s*Cell (?P<file>In ?\[\d{0,6}\]), line (?P<line>\d{1,7})"),  # Jupyter cell
-    _LazyRe(r"^\s*(?P<file><ipython-input-[^>]{1,200}>) in (?P<func>[^\s(]{1,300})"),  # old IPython
+    LazyRe(r'^\s*(?:File|文件) ?"(?P<file>[^"]{1,1000})", ?(?:line |第 ?)(?P<line>\d{1,7})(?: ?行)?(?:, ?(?:in|在) (?P<func>\S{1,300}))?'),
+    LazyRe(r"^\s*File (?P<file>[^\s,]{1,1000}):(?P<line>\d{1,7})(?:, in (?P<func>.{1,300}))?$"),  # IPython 8
+    LazyRe(r"^\s*Cell (?P<file>In ?\[\d{0,6}\]), line (?P<line>\d{1,7})"),  # Jupyter cell
+    LazyRe(r"^\s*(?P<file><ipython-input-[^>]{1,200}>) in (?P<func>[^\s(]{1,300})"),  # old IPython
     # rich: "/path/to/file.py:12 in func"; old IPython/Colab: "/path/module.py in func(args)"
-    _LazyRe(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/|\./|\.\./)[^\s:]{0,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})"),
-    _LazyRe(r"^\s*(?P<file>[\w.\-/\\]{1,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})$"),
-    _LazyRe(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/)[^\s]{0,1000}\.py) in (?P<func>[\w<>.]{1,300})\(.{0,2000}$"),
+    LazyRe(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/|\./|\.\./)[^\s:]{0,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})"),
+    LazyRe(r"^\s*(?P<file>[\w.\-/\\]{1,1000}\.py):(?P<line>\d{1,7}) in (?P<func>\S{1,300})$"),
+    LazyRe(r"^\s*(?P<file>(?:/|[A-Za-z]:\\|~/)[^\s]{0,1000}\.py) in (?P<func>[\w<>.]{1,300})\(.{0,2000}$"),
 )
 
 
@@ -33,10 +32,10 @@ _FRAME_FORMS = (
 _FRAME_NEEDS = (("File", "文件"), ("File ",), ("Cell ",), ("<ipython-input",), (".py:",), (".py:",), (".py in ",))
 
 
-_ARROW = _LazyRe(r"^\s*-{1,4}> ?(?P<line>\d{1,7})\b")  # IPython's "----> 12 train()"
+_ARROW = LazyRe(r"^\s*-{1,4}> ?(?P<line>\d{1,7})\b")  # IPython's "----> 12 train()"
 
 
-_EXCEPTION_LINE = _LazyRe(
+_EXCEPTION_LINE = LazyRe(
     # a bare `Exception` (raise Exception("...")) too, but not a bare "Error:"/"Warning:"
     r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}(?:[A-Za-z_]\w{0,80}(?:Error|Exception|Interrupt|Exit|Warning|"
     r"Failure|Fault|Timeout|Abort)|Exception))(?::\s?(?P<message>.*))?$"
@@ -45,12 +44,12 @@ _EXCEPTION_LINE = _LazyRe(
 
 # After frames, any "dotted.CamelName: message" at the traceback's own indentation is the
 # exception line too (torch._dynamo.exc.BackendCompilerFailed, hydra's ConfigCompositionException).
-_EXCEPTION_AFTER_FRAMES = _LazyRe(
+_EXCEPTION_AFTER_FRAMES = LazyRe(
     r"^(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,12}[A-Z]\w{0,80})(?::\s?(?P<message>.*))?$"
 )
 
 
-_STDLIB_OR_SITE = _LazyRe(
+_STDLIB_OR_SITE = LazyRe(
     r"(site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]lib[/\\][\w.-]+\.py$|<frozen |"
     r"^<(?!ipython-input)[^>]*>$|[/\\](?:torch|accelerate|transformers|deepspeed|lightning|pytorch_lightning|"
     r"peft|trl|bitsandbytes|flash_attn|apex|vllm|diffusers|xformers|triton)[/\\]|"

@@ -36,7 +36,7 @@ def tagged(f: Finding, mode: str) -> Finding:
 def judge_failed_mode(mode: str, stderr: str, rules: list[Rule]) -> tuple[list[Finding], list[str]]:
     if not stderr.strip():
         return [], []
-    from ..explain import explain_text
+    from ..logs import explain_text
 
     report = explain_text(stderr, rules, extra_facts={"mode": mode})
     return [_as_trial(tagged(f, mode)) for f in report.findings], [u.exception for u in report.unrecognised]

@@ -116,13 +116,13 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output:
 
 # Up to this much output is explained whole; more (a chatty training prints a line per
 # step) only in the regions around what a rule or a traceback could start at, as
-# `explain` reads a big log (scan.RegionScanner): the same findings, a fraction of the time.
+# `explain` reads a big log (logs.regions.RegionScanner): the same findings, a fraction of the time.
 WHOLE_OUTPUT = 256 * 1024
 
 
 def _explain_output(output: str, rules: list[Rule]) -> Report:
-    from ..explain import explain_lines, explain_text, matcher_for
-    from ..scan import RegionScanner, looks_binary
+    from ..logs import explain_lines, explain_text, looks_binary, prefilter_for
+    from ..logs.regions import RegionScanner
 
     if len(output) <= WHOLE_OUTPUT:
         return explain_text(output, rules)
@@ -130,7 +130,7 @@ def _explain_output(output: str, rules: list[Rule]) -> Report:
         return Report(findings=[])  # it ends in data (`tar c . | ...`), not in a log to explain
     from ..logtext import normalise
 
-    scanner = RegionScanner(matcher_for(rules).prefilter())
+    scanner = RegionScanner(prefilter_for(rules))
     scanner.feed(output.encode("utf-8", "surrogateescape"))
     lines = []
     for first_no, region in scanner.finish():
@@ -146,7 +146,7 @@ def _quiet(f: Finding, by_id: dict[str, Rule]) -> bool:
 def _exception_findings(view: RunView, rules: list[Rule]) -> tuple[list[Finding], list[Unrecognised]]:
     """Each distinct exception a process recorded, explained by the log rules with the
     instrumentation's context as extra facts."""
-    from ..explain import explain_text
+    from ..logs import explain_text
 
     findings: list[Finding] = []
     unknown: list[Unrecognised] = []

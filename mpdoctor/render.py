@@ -94,6 +94,37 @@ def _evidence_label(line: int | None, source: str) -> str:
     return source
 
 
+_LABEL_MAX = 28  # a label column wider than this would push the text to the right edge
+
+
+def evidence_lines(evidence: list[Evidence], width: int, indent: int = 4) -> list[tuple[str, str]]:
+    """Evidence as (label, text) line pairs, the labels aligned: log lines ("line 14:")
+    in one column, numbers right-aligned; snapshot values ("torch.cuda_build:") in
+    their own, left-aligned. A label longer than _LABEL_MAX is not padded to: its
+    text follows it and wraps under an indent, so one long name never pushes the
+    others' text across the terminal. The label part of a continuation line is ""."""
+    labels = [_evidence_label(e.line, e.source) for e in evidence]
+    numbered = [lab for lab, e in zip(labels, evidence) if e.line is not None]
+    named = [lab for lab, e in zip(labels, evidence) if e.line is None and len(lab) <= _LABEL_MAX]
+    num_w = max((len(x) for x in numbered), default=0)
+    name_w = max((len(x) for x in named), default=0)
+    out: list[tuple[str, str]] = []
+    pad = " " * indent
+    for label, e in zip(labels, evidence):
+        if e.line is not None:
+            head = f"{pad}{label:>{num_w}}: "
+        elif len(label) <= _LABEL_MAX:
+            head = f"{pad}{label + ':':<{name_w + 1}} "
+        else:
+            head = f"{pad}{label}: "
+        hang = head if len(head) <= indent + _LABEL_MAX + 2 else pad + "  "
+        lines = wrap(e.text, width, first=head, rest=" " * len(hang)) if e.text else [head.rstrip()]
+        n = min(len(head), len(lines[0]))
+        out.append((lines[0][:n], lines[0][n:]))
+        out += [("", line) for line in lines[1:]]
+    return out
+
+
 # --- wrapping that never cuts a URL, a command or a code span ---------------------------
 
 # a unit: a run of non-spaces that may contain whole `code spans` (with their spaces)
@@ -181,6 +212,13 @@ def table_lines(cols: list[str], rows: list[list[str]], width: int, *, right: se
             if i != key:
                 out += wrap(cell, width, indent=2, first=f"{c + ':':<{label + 1}} ")
     return out
+
+
+def markdown_table(cols: list[str], rows: list[list[str]]) -> list[str]:
+    """A GitHub markdown table (a `|` inside a cell escaped)."""
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    return [row(cols), "|" + "---|" * len(cols)] + [row(r) for r in rows]
 
 
 def sparkline(values: list[float]) -> str:
@@ -315,6 +353,8 @@ def to_markdown(report: Report, heading: str = "mpdoctor", *, anonymize: bool = 
     out: list[str] = [f"## {heading}", ""]
     if environment:
         out += _environment_markdown(Scrubber(anonymize).obj(environment))
+    if "exit_code" in report.extra:  # a wrapped run: what ran, how it ended, how its output ended
+        out += _run_markdown(report)
     if not report.findings:
         out.append(_nothing_found(report))
         out.append("")
@@ -359,6 +399,48 @@ def to_markdown(report: Report, heading: str = "mpdoctor", *, anonymize: bool = 
     return markdown_safe(Scrubber(anonymize).text("\n".join(out)))
 
 
+def _fence(lines: list[str]) -> str:
+    """A code fence no line of `lines` can close (a log may print ``` itself)."""
+    import re
+
+    longest = max((len(m) for line in lines for m in re.findall(r"`{3,}", line)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _run_markdown(report: Report) -> list[str]:
+    """`run`'s own block: the command line, its exit status and why, the output's
+    size and wall time, and its last lines (all scrubbed already by clean_report)."""
+    import shlex
+
+    extra = report.extra
+    command = extra.get("command") or []
+    code, signal = extra.get("exit_code"), extra.get("signal")
+    if signal:
+        status = f"{code} (killed by {signal})"
+    elif code == 0:
+        status = "0 (success)"
+    else:
+        status = f"{code} (the command's own exit status)"
+    cmd = shlex.join(str(c) for c in command) if command else "(unknown)"
+    if "\n" in cmd or "`" in cmd or len(cmd) > 70:
+        fence = _fence([cmd])
+        out = ["**Run**", "", fence + "sh", cmd, fence, "", f"- exit status: {status}"]
+    else:
+        out = ["**Run**", "", f"- command: `{cmd}`", f"- exit status: {status}"]
+    size, wall = report.input.get("bytes"), report.input.get("wall_s")
+    if size is not None or wall is not None:
+        out.append("- output: " + ", ".join(x for x in (f"{size} bytes" if size is not None else "",
+                                                         f"{wall} s" if wall is not None else "") if x))
+    if report.input.get("instrumented") is False:
+        out.append(f"- not instrumented: {report.input.get('not_instrumented') or 'no record came back'}")
+    tail = [str(x) for x in extra.get("log_tail") or []]
+    if tail:
+        fence = _fence(tail)
+        out += ["", f"<details><summary>The last {len(tail)} lines of the output</summary>", "",
+                fence + "text", *tail, fence, "", "</details>"]
+    return out + [""]
+
+
 def _num(v: float) -> str:
     return f"{v:g}"
 
@@ -395,8 +477,8 @@ def print_terminal(report: Report, console: Any, heading: str | None = None, *, 
     if heading:
         _say(console, (heading, "bold"))
     if not report.findings:
-        _say(console, (("✓ " if not report.unrecognised else "") + _nothing_found(report),
-                       "green" if not report.unrecognised else "yellow"))
+        for line in wrap(("✓ " if not report.unrecognised else "") + _nothing_found(report), width):
+            _say(console, (line, "green" if not report.unrecognised else "yellow"))
     for n, f in enumerate(report.findings):
         if n or heading:
             _say(console)
@@ -414,13 +496,8 @@ def print_terminal(report: Report, console: Any, heading: str | None = None, *, 
                  (f"  {_num(series[0])} → {_num(series[-1])}", "dim"))
         if f.evidence:
             _say(console, ("  Evidence", "bold"))
-            labels = [_evidence_label(e.line, e.source) for e in f.evidence]
-            lw = max(len(x) for x in labels)
-            for label, e in zip(labels, f.evidence):
-                lines = wrap(e.text, width, indent=4, first=f"{label:>{lw}}: ")
-                _say(console, (lines[0][: 4 + lw + 2], "dim"), (lines[0][4 + lw + 2:], ""))
-                for line in lines[1:]:
-                    _say(console, (line, ""))
+            for head, rest in evidence_lines(f.evidence, width):
+                _say(console, (head, "dim"), (rest, ""))
         if f.fixes:
             _say(console, ("  Fix", "bold"))
             for i, fix in enumerate(f.fixes, 1):
@@ -439,8 +516,11 @@ def print_terminal(report: Report, console: Any, heading: str | None = None, *, 
     if report.unrecognised and report.findings:
         _say(console)
     for u in report.unrecognised:
-        _say(console, ("? not recognised, ", "yellow"), (f"line {u.line}: ", "dim"), (u.exception, ""),
-             (_unrecognised_tail(u), "dim"))
+        lead = f"? not recognised, line {u.line}: "
+        lines = wrap(u.exception + _unrecognised_tail(u), width, first=lead, rest="  ")
+        _say(console, (lead[:18], "yellow"), (lead[18:], "dim"), (lines[0][len(lead):], ""))
+        for line in lines[1:]:
+            _say(console, (line, ""))
     if report.findings:
         _say(console)
         _say(console, (_summary(report), "bold"))
@@ -462,7 +542,9 @@ def to_oneline(report: Report, where: str = "", *, anonymize: bool = False) -> s
     where = scrub(where, anonymize)
     out = []
     for f in report.findings:
-        first = f.first_line
+        # the line the finding was matched on (an exception's own line), not the
+        # earliest line it cites (often the user's frame above it)
+        first = next((e.line for e in f.evidence if e.line is not None), 0)
         loc = f"{where}:{first}" if first else (where or "mpdoctor")
         count = f" (×{f.count})" if f.count > 1 else ""
         out.append(f"{loc}: {f.severity} [{f.rule}] {f.category}: {' '.join(f.title.split())}{count}")
@@ -666,13 +748,23 @@ def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check
                 line(7, item["fix"], "cyan", "→ ", "cyan")
     if c.get("fp8"):
         _say(console, ("fp8 backends", "bold"))
-        for name, installed, verdict in _fp8_rows(c["fp8"]):
-            line(2, f"{name:<18} {installed:<16} {verdict}".rstrip())
+        rows = [list(r) for r in _fp8_rows(c["fp8"])]
+        for text in table_lines(["backend", "installed", "verdict"], rows, width - 2):
+            _say(console, ("  " + text if text else "", ""))
     probe = report.extra.get("probe") or {}
     if probe.get("lines"):
         _say(console, ("Probe", "bold"))
-        for text in probe["lines"]:
-            _say(console, ("  " + text.rstrip(), ""))
+        table = probe.get("table") or {}
+        if table.get("columns") and table.get("rows"):
+            body = table_lines(table["columns"], table["rows"], width - 2)
+            footer = probe.get("footer") or []
+        else:  # a probe that did not run: its lines say why
+            body, footer = [], probe["lines"]
+        for text in body:
+            _say(console, ("  " + text if text else "", ""))
+        for text in footer:
+            stripped = text.lstrip()
+            line(2 + len(text) - len(stripped), stripped, hang=2)
     skipped = c.get("skipped", [])
     if skipped:
         _say(console, (f"Skipped ({len(skipped)}): not judged here, neither passed nor failed", "bold"))
@@ -686,8 +778,12 @@ def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
     infos = sum(f.severity == "info" for f in report.findings)
-    style = "bold red" if errors else ("yellow" if warnings else "green")
-    line(0, f"{errors} error(s), {warnings} warning(s), {infos} note(s) — details: --format markdown or json", style)
+    unjudged = c.get("not_judged")
+    style = "bold red" if errors else ("yellow" if warnings or unjudged else "green")
+    if unjudged:
+        line(0, f"not judged: {unjudged}", "yellow")
+    line(0, f"{errors} error(s), {warnings} warning(s), {infos} note(s)"
+         + (" in what could be judged" if unjudged else "") + " — details: --format markdown or json", style)
 
 
 def to_checklist_markdown(report: Report, heading: str = "mpdoctor check", *, anonymize: bool = False,
@@ -697,8 +793,13 @@ def to_checklist_markdown(report: Report, heading: str = "mpdoctor check", *, an
 
     report = clean_report(report, anonymize)
     heading = scrub(heading, anonymize)
+    from . import __version__
+
     c = report.extra.get("checklist", {})
-    out = [f"## {heading}", "", "**Environment**", ""]
+    out = [f"## {heading}", ""]
+    if c.get("not_judged"):
+        out += [f"> **Not judged:** {c['not_judged']}", ""]
+    out += ["**Environment**", "", f"- mpdoctor {__version__}"]
     out += [f"- {line}" for line in c.get("environment", [])] + ["", "**Precision plan**", ""]
     out += [f"- {line}" for line in c.get("plan", [])]
     if c.get("modes"):
@@ -716,11 +817,25 @@ def to_checklist_markdown(report: Report, heading: str = "mpdoctor check", *, an
             if item.get("fix"):
                 out.append(f"    - fix: {item['fix']}")
     if c.get("fp8"):
-        out += ["", "**fp8 backends**", "", "| backend | installed | verdict |", "|---|---|---|"]
-        out += [f"| {a} | {b} | {v} |" for a, b, v in _fp8_rows(c["fp8"])]
+        out += ["", "**fp8 backends**", ""]
+        out += markdown_table(["backend", "installed", "verdict"], [list(r) for r in _fp8_rows(c["fp8"])])
     probe = report.extra.get("probe") or {}
     if probe.get("lines"):
-        out += ["", "**Probe**", ""] + [f"    {line}" for line in probe["lines"]]
+        out += ["", "**Probe**", ""]
+        table = probe.get("table") or {}
+        if table.get("columns") and table.get("rows"):
+            out += markdown_table(table["columns"], table["rows"]) + [""]
+            for line in probe.get("footer") or []:
+                out += [line.strip(), ""]
+        else:
+            out += [line.strip() for line in probe["lines"]]
+    config = (report.extra.get("environment") or {}).get("accelerate_config")
+    if config:
+        import json
+
+        out += ["", f"<details><summary>accelerate config ({config.get('path')}), secrets redacted</summary>", "",
+                "```json", json.dumps(config.get("config"), indent=2, ensure_ascii=False, default=str), "```", "",
+                "</details>"]
     if c.get("skipped"):
         out += ["", "<details><summary>Skipped checks (not judged here)</summary>", ""]
         out += [f"- {reason}: " + ", ".join(f"`{r}`" for r in rules) for reason, rules in _skips_by_reason(c["skipped"])]

@@ -38,7 +38,10 @@ def add_arguments(p: Any) -> None:
                         "markdown for a FILE ending in .md)")
     p.add_argument("--fail-on", choices=("error", "warning"), default=None, metavar="{error,warning}",
                    help="exit 3 when the command passed but mpdoctor found a problem of this severity or worse")
-    p.add_argument("--no-probe", action="store_true", help="do not instrument the child, only read its output")
+    p.add_argument("--no-instrument", dest="no_probe", action="store_true",
+                   help="do not instrument the command, only read its output")
+    # the old name (it read as the `probe` command), kept working and out of --help
+    p.add_argument("--no-probe", dest="no_probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
 
@@ -68,8 +71,29 @@ def main(args: Namespace) -> int:
             pass
         return exc.status
     report = diagnose(cmd, result, records, rules)
+    report.extra["log_tail"] = last_lines(result.tail.text())
     _deliver(report, result, args)
     return _exit_status(report, result.exit_code, getattr(args, "fail_on", None))
+
+
+LOG_TAIL_LINES, LOG_LINE_CHARS = 30, 300
+
+
+def last_lines(text: str, n: int = LOG_TAIL_LINES, width: int = LOG_LINE_CHARS) -> list[str]:
+    """The last `n` non-empty lines of the command's output, as a terminal left them (a
+    progress bar's carriage returns keep its last state), each cut at `width`
+    characters: bounded whatever the log. Secrets are cut by the renderers."""
+    from ..redact import clip
+
+    out: list[str] = []
+    for line in reversed(text.split("\n")):
+        line = line.rstrip()  # "\r\n" endings and trailing blanks
+        line = line.rsplit("\r", 1)[-1]  # a progress bar redrawn in place: its last state
+        if line:
+            out.append(clip(line, width) if len(line) > width else line)
+            if len(out) == n:
+                break
+    return out[::-1]
 
 
 def _exit_status(report: Any, code: int, fail_on: str | None) -> int:

@@ -20,7 +20,6 @@ from .. import __version__
 from . import SCHEMA_VERSION
 
 
-
 def _isolated(name: str, fn: Callable[[], dict[str, Any]], timings: dict[str, float]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
@@ -45,7 +44,7 @@ class Collection:
 
     def start(self) -> "Collection":
         from .accel_config import collect_accelerate_config, collect_env_vars
-        from .host import collect_cpu, collect_memory, collect_platform
+        from .host import collect_cpu, collect_cuda_toolkit, collect_memory, collect_platform, collect_threads
         from .nvml import start_nvml_child
         from .packages import collect_packages
         from .torch_collector import same_python, start_torch_child, torch_installed
@@ -72,13 +71,14 @@ class Collection:
         snap["accelerate_config"] = _isolated("accelerate_config",
                                               lambda: collect_accelerate_config(self.config_file), timings)
         snap["env"] = _isolated("env", collect_env_vars, timings)
+        snap["threads"] = _isolated("threads", collect_threads, timings)
+        snap["cuda_toolkit"] = _isolated("cuda_toolkit", collect_cuda_toolkit, timings)
         self.snap = snap
         return self
 
     def finish(self) -> dict[str, Any]:
-        from .redact import anonymize_snapshot, redact_snapshot
-
         from .packages import collect_packages
+        from .redact import anonymize_snapshot, redact_snapshot
 
         snap, timings = self.snap, self.timings
         t_nvml = time.perf_counter()

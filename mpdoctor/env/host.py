@@ -21,12 +21,72 @@ def collect_platform() -> dict[str, Any]:
         "release": platform.release(),
         "machine": platform.machine(),
         "libc": " ".join(platform.libc_ver()).strip() or None,
+        "os": _os_name(),
         "mac_version": platform.mac_ver()[0] or None,
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "executable": sys.executable,
         "in_container": os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),
     }
+
+
+def _os_name() -> str | None:
+    """The distribution as /etc/os-release names it ("Ubuntu 22.04.4 LTS"), what
+    `torch.utils.collect_env` reports as OS; the macOS or Windows version elsewhere."""
+    try:
+        with open("/etc/os-release", encoding="utf-8", errors="replace") as fh:
+            fields = dict(line.rstrip("\n").split("=", 1) for line in fh if "=" in line)
+        name = fields.get("PRETTY_NAME") or fields.get("NAME")
+        if name:
+            return name.strip().strip('"')[:200]
+    except OSError:
+        pass
+    if platform.system() == "Darwin" and platform.mac_ver()[0]:
+        return f"macOS {platform.mac_ver()[0]}"
+    return f"{platform.system()} {platform.release()}".strip() or None
+
+
+# What the thread count of a CPU training depends on (collect_env and `accelerate env`
+# print these): the OpenMP/MKL variables as they are set where mpdoctor runs.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def collect_threads() -> dict[str, Any]:
+    out: dict[str, Any] = {"env": {k: os.environ[k] for k in THREAD_VARS if k in os.environ}}
+    try:
+        out["affinity_cores"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    return out
+
+
+def collect_cuda_toolkit() -> dict[str, Any]:
+    """The system CUDA toolkit, if there is one (what `collect_env` reports as "CUDA
+    used to build"/nvcc): CUDA_HOME or CUDA_PATH, else /usr/local/cuda, and `nvcc
+    --version` from there or from PATH (a child with a short timeout). Unrelated to
+    the CUDA that torch's wheel carries; extensions built from source use this one."""
+    import shutil
+    import subprocess
+
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    source = "CUDA_HOME" if os.environ.get("CUDA_HOME") else ("CUDA_PATH" if home else None)
+    if not home and os.path.isdir("/usr/local/cuda"):
+        home, source = "/usr/local/cuda", "default location"
+    out: dict[str, Any] = {"cuda_home": home, "cuda_home_from": source}
+    nvcc = None
+    if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+        nvcc = os.path.join(home, "bin", "nvcc")
+    nvcc = nvcc or shutil.which("nvcc")
+    out["nvcc"] = nvcc
+    if nvcc:
+        try:
+            text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=10,
+                                  start_new_session=True).stdout
+            release = [line.strip() for line in text.splitlines() if "release" in line]
+            out["nvcc_version"] = release[-1][:200] if release else None
+        except (OSError, subprocess.SubprocessError) as exc:
+            out["error"] = {"type": type(exc).__name__, "message": str(exc)[:400]}
+    return out
 
 
 def _cpuinfo() -> tuple[str | None, set[str]]:

@@ -35,7 +35,11 @@ SCHEMA: dict[str, Any] = {
     "timings": ("map", "num"),
     "platform": {"system": "str", "release": "str", "machine": "str", "libc": "str", "mac_version": "str",
                  "python": "str", "python_implementation": "str", "executable": "str", "in_container": "bool",
-                 "error": _ERROR},
+                 "os": "str", "error": _ERROR},
+    # added within schema 1 (absent from older snapshots, which load as they did)
+    "threads": {"env": ("map", "str"), "affinity_cores": "int", "error": _ERROR},
+    "cuda_toolkit": {"cuda_home": "str", "cuda_home_from": "str", "nvcc": "str", "nvcc_version": "str",
+                     "error": _ERROR},
     "cpu": {"model": "str", "logical_cores": "int", "flags": ("map", "bool"), "error": _ERROR},
     "memory": {"total_bytes": "int", "available_bytes": "int", "swap_total_bytes": "int", "error": _ERROR},
     "packages": {"versions": ("map", "str"), "nvidia_wheels": ("map", "str"),
@@ -62,6 +66,7 @@ SCHEMA: dict[str, Any] = {
         "status": "str", "python": "str", "seconds": "num", "import_seconds": "num", "exit_status": "int",
         "error": _ERROR, "errors": _ERRORS, "stderr_tail": ("list", "str"),
         "version": "str", "path": "str", "cuda_build": "str", "hip_build": "str", "debug_build": "bool",
+        "num_threads": "int", "num_interop_threads": "int",
         "arch_list": ("list", "str"), "cuda_available": "bool", "device_count": "int", "cudnn": "int",
         "nccl": "str", "bf16_has_including_emulation": "bool", "devices_unread": "str",
         "devices": ("list", {

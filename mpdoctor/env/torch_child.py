@@ -87,7 +87,6 @@ def collect(in_process: bool = False) -> dict[str, Any]:
     (torch already imported): GPU properties only where CUDA is already initialised,
     so that reading them creates no CUDA context the training did not ask for."""
     out: dict[str, Any] = {"status": "ok"}
-    caught: list[warnings.WarningMessage] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
@@ -101,6 +100,9 @@ def collect(in_process: bool = False) -> dict[str, Any]:
         _try(out, "cuda_build", lambda: torch.version.cuda)
         _try(out, "hip_build", lambda: getattr(torch.version, "hip", None))
         _try(out, "debug_build", lambda: bool(torch.version.debug))
+        # the CPU threads a training here gets (OMP_NUM_THREADS, cgroup limits)
+        _try(out, "num_threads", torch.get_num_threads)
+        _try(out, "num_interop_threads", torch.get_num_interop_threads)
         # The arch list is a compile-time constant: read it even when no GPU is usable
         # (get_arch_list() returns [] then, which would hide "no kernel image").
         _try(out, "arch_list", lambda: torch._C._cuda_getArchFlags().split() if hasattr(torch._C, "_cuda_getArchFlags") and torch._C._cuda_getArchFlags() else [])

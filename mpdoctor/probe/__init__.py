@@ -13,7 +13,7 @@ from typing import Any
 
 from .recommend import recommend
 from .rows import build_rows
-from .report import ProbeReport, print_terminal, to_markdown, to_text_lines
+from .report import ProbeReport, _footer_lines, print_terminal, table_rows, to_markdown, to_text_lines
 from .runner import MODES, Interrupted, ModelSpecFailed, ProbeOptions, Progress, run_modes
 
 __all__ = ["MODES", "Interrupted", "ModelSpecFailed", "ProbeOptions", "ProbeReport", "run_probe",
@@ -59,6 +59,8 @@ def run_probe_for_check(snapshot: dict[str, Any] | None = None, opts: ProbeOptio
     out = report.to_dict()
     out["findings"] = report.findings
     out["lines"] = to_text_lines(report)
+    cols, body = table_rows(report)  # for check's renderer (one table layout for every face)
+    out["table"], out["footer"] = {"columns": cols, "rows": body}, _footer_lines(report)
     out["ran"] = True
     return out
 

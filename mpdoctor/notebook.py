@@ -245,7 +245,7 @@ class NotebookDoctor:
 
         from .render import render_text
 
-        bundle = {"text/plain": render_text(report, "terminal", width=self._width())}
+        bundle = {"text/plain": render_text(report, "terminal", width=self._width()).rstrip("\n")}
         if self._rich_frontend():
             bundle["text/markdown"] = render_text(report, "markdown", heading=heading)
         display(bundle, raw=True)

@@ -58,6 +58,10 @@ def main(args: Namespace) -> int:
     if every and not (every.isdigit() and int(every) >= 1):
         return fail(f"MPDOCTOR_WATCH_EVERY={every!r}: give a whole number of steps, 1 or more "
                     "(1 watches every step)")
+    if args.report:
+        bad = _unwritable(args.report)
+        if bad:  # said before the training starts, not after hours of it
+            return fail(f"run: cannot write the report {args.report}: {bad}")
     rules = load_rules_or_fail(args.rules)  # a broken rule is said before the training starts
     if isinstance(rules, int):
         return rules
@@ -72,6 +76,10 @@ def main(args: Namespace) -> int:
         return exc.status
     report = diagnose(cmd, result, records, rules)
     report.extra["log_tail"] = last_lines(result.tail.text())
+    why = result.extra.get("not_instrumented")
+    if why:  # the command ran; what the instrumentation would have seen is missing
+        report.input["instrumented"] = False
+        report.input["not_instrumented"] = why
     _deliver(report, result, args)
     return _exit_status(report, result.exit_code, getattr(args, "fail_on", None))
 
@@ -94,6 +102,29 @@ def last_lines(text: str, n: int = LOG_TAIL_LINES, width: int = LOG_LINE_CHARS) 
             if len(out) == n:
                 break
     return out[::-1]
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the report cannot be written at `path` (its folder missing or not writable,
+    the path a folder), or None; checked before the command starts."""
+    target = Path(path)
+    if target.is_dir():
+        return "it is a folder"
+    folder = target.parent
+    if not folder.is_dir():
+        return f"no folder {folder}"
+    if target.exists():
+        ok = os.access(target, os.W_OK)
+    else:
+        ok = os.access(folder, os.W_OK | os.X_OK)
+    if not ok:
+        return "Permission denied"
+    try:  # a read-only filesystem passes access() for root: ask the filesystem itself
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "Read-only file system"
+    except (OSError, AttributeError):
+        pass
+    return None
 
 
 def _exit_status(report: Any, code: int, fail_on: str | None) -> int:
@@ -120,6 +151,14 @@ def _deliver(report: Any, result: Any, args: Namespace) -> None:
                 environment=render.environment_light() if fmt == "markdown" else None), encoding="utf-8")
         except OSError as exc:
             sys.stderr.write(f"mpdoctor run: cannot write the report {args.report}: {exc}\n")
+    why = result.extra.get("not_instrumented")
+    if why and args.format == "terminal" and sys.stderr is not None:  # json, markdown: in the report's input
+        try:
+            sys.stderr.write(f"mpdoctor run: not instrumented: {why}; the diagnosis read the command's "
+                             "output only (set TMPDIR to a writable folder to instrument it)\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
     if not report.worth_showing(result.exit_code) and args.format == "terminal":
         return
     if sys.stderr is None:  # started with it closed (2>&-): nowhere to say it

@@ -22,6 +22,7 @@ def register(watcher: Any, auto: bool = False) -> None:
         _WATCHERS.append(watcher)
     if auto:
         _AUTO.append(watcher)
+        _hide_our_frames_when_uncaught()
     install_torch()
     # accelerate may be half-way through its own __init__ (it imports torch): patch it
     # now only if it is complete; otherwise the import hook calls us when it is.
@@ -60,6 +61,73 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
     setattr(owner, name, wrapped)
 
 
+class _Before:
+    """A method tapped when it is looked up on an instance, before the call: the call is
+    then the original's own, so an error it raises has no frame of ours in its traceback
+    (a wrapper function would add one to every failing backward()). Looked up on the
+    class it is the original."""
+
+    __mpdoctor_wrapped__ = True
+
+    def __init__(self, original: Callable, tap: Callable[[Any], None]) -> None:
+        self.original, self.tap = original, tap
+        functools.update_wrapper(self, original)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self.original
+        if _WATCHERS:
+            self.tap(obj)
+        return self.original.__get__(obj, objtype)
+
+
+def _before(owner: Any, name: str, tap: Callable[[Any], None]) -> None:
+    if isinstance(owner.__dict__.get(name), _Before):
+        return
+    setattr(owner, name, _Before(getattr(owner, name), tap))
+
+
+def _without_our_frames(exc: BaseException | None, seen: set[int] | None = None) -> None:
+    """Take the frames of this module's wrappers out of `exc`'s traceback (and of the
+    exceptions it chains), so that what the user reads is what a bare run prints."""
+    seen = set() if seen is None else seen
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        if tb is not exc.__traceback__:
+            exc.__traceback__ = tb
+        while tb is not None and tb.tb_next is not None:
+            if tb.tb_next.tb_frame.f_code.co_filename == __file__:
+                tb.tb_next = tb.tb_next.tb_next
+            else:
+                tb = tb.tb_next
+        if exc.__cause__ is not None:
+            _without_our_frames(exc.__cause__, seen)
+        exc = exc.__context__
+
+
+def _hide_our_frames_when_uncaught() -> None:
+    """Under `mpdoctor run`: an uncaught error that went through one of the wrappers
+    that must act after the call (Accelerator(), prepare(), clip_grad_norm_, the
+    scaler's update) is printed without their frames, as the bare run prints it."""
+    if "excepthook" in _INSTALLED:
+        return
+    _INSTALLED.add("excepthook")
+    previous = sys.excepthook
+
+    def excepthook(tp: Any, value: Any, tb: Any) -> None:
+        try:
+            _without_our_frames(value)
+            tb = value.__traceback__
+        except Exception:
+            pass
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+
+
 def install_torch() -> None:
     if "torch" in _INSTALLED:
         return
@@ -93,27 +161,12 @@ def install_torch() -> None:
             return result
         return update
 
-    def scaler_seen(orig: Callable) -> Callable:
-        # a scaler made before watch() was called is met here, once per step
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if _WATCHERS:
-                _dispatch("on_scaler_seen", self)
-            return orig(self, *args, **kwargs)
-        return method
-
     _wrap(grad_scaler.GradScaler, "__init__", scaler_init)
     _wrap(grad_scaler.GradScaler, "update", scaler_update)
-    _wrap(grad_scaler.GradScaler, "scale", scaler_seen)
-    _wrap(grad_scaler.GradScaler, "unscale_", scaler_seen)
-
-    def backward(orig: Callable) -> Callable:
-        def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if _WATCHERS:
-                _dispatch("on_backward", self)
-            return orig(self, *args, **kwargs)
-        return backward
-
-    _wrap(torch.Tensor, "backward", backward)
+    # a scaler made before watch() was called is met here, once per step
+    _before(grad_scaler.GradScaler, "scale", lambda scaler: _dispatch("on_scaler_seen", scaler))
+    _before(grad_scaler.GradScaler, "unscale_", lambda scaler: _dispatch("on_scaler_seen", scaler))
+    _before(torch.Tensor, "backward", lambda loss: _dispatch("on_backward", loss))
 
     def clip(orig: Callable) -> Callable:
         def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:

@@ -99,7 +99,13 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output:
         unrecognised.append(u)
         known.add(key)
 
-    trouble = view.exit_code != 0 or any(f.severity != "info" and not _quiet(f, by_id) for f in findings)
+    # Ctrl-C is the user's doing: neither an error to recognise nor, by itself, trouble
+    # (an interrupted run reports what it saw, once)
+    unrecognised = [u for u in unrecognised if not _interruption(u.exception)]
+    interrupted = view.signal == "SIGINT" or any(_interruption(str(e.get("exception") or ""))
+                                                  for p in view.watched for e in p.exceptions)
+    trouble = (view.exit_code != 0 and not interrupted) or any(f.severity != "info" and not _quiet(f, by_id)
+                                                               for f in findings)
     if not trouble:  # the run went well: its summary is not news
         findings = [f for f in findings if not (f.rule == "precision-plan")]
     extra: dict[str, Any] = {"exit_code": view.exit_code, "command": evidence.get("command") or []}
@@ -136,6 +142,11 @@ def _explain_output(output: str, rules: list[Rule]) -> Report:
     for first_no, region in scanner.finish():
         lines.extend(normalise(region.decode("utf-8", "replace"), first_no))
     return explain_lines(lines, rules)
+
+
+def _interruption(exception: str) -> bool:
+    """Whether an exception's text names a KeyboardInterrupt (Ctrl-C)."""
+    return exception.split(":", 1)[0].strip().rsplit(".", 1)[-1] == "KeyboardInterrupt"
 
 
 def _quiet(f: Finding, by_id: dict[str, Rule]) -> bool:

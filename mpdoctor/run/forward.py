@@ -59,6 +59,8 @@ class Forwarder:
             if sig in NOT_FORWARDED:
                 continue
             try:
+                if signal.getsignal(sig) == signal.SIG_IGN and sig not in OURS_IGNORED:
+                    continue  # ignored when we started (`nohup`): the child inherits it ignored, as bare
                 self._old[sig] = signal.signal(sig, signal.SIG_IGN if sig in OURS_IGNORED else self._handle)
             except (ValueError, OSError, RuntimeError):  # not the main thread; a reserved one
                 pass
@@ -67,6 +69,11 @@ class Forwarder:
         except (ValueError, OSError):
             pass
         return self
+
+    def reset_in_child(self) -> list[int]:
+        """The signals we ignore for ourselves that the child must have at their default
+        action, as they were when we started (an ignored disposition survives exec)."""
+        return [s for s in OURS_IGNORED if self._old.get(s, signal.SIG_DFL) != signal.SIG_IGN]
 
     def started(self, proc: subprocess.Popen) -> None:
         self.pid = self.pgid = proc.pid

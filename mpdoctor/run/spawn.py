@@ -104,7 +104,8 @@ def _prctl() -> Any:
 
 
 def child_setup(*, new_group: bool, close: tuple[int, ...] | list[int] = (),
-                then: Callable[[], None] | None = None) -> Callable[[], None]:
+                then: Callable[[], None] | None = None, default: tuple[int, ...] | list[int] = ()
+                ) -> Callable[[], None]:
     """The function the child runs between fork and exec (subprocess's preexec_fn):
     its own process group (`new_group`; a new session is Popen's start_new_session),
     `then`, the closing of `close`, and PR_SET_PDEATHSIG = SIGKILL: the kernel kills the
@@ -112,12 +113,16 @@ def child_setup(*, new_group: bool, close: tuple[int, ...] | list[int] = (),
     thread, which ends only with the wrapper (`timeout -s KILL N mpdoctor run -- train`
     must not leave the training running). If the wrapper died between the fork and the
     prctl, getppid() is no longer ours: the child kills itself, as the signal would have.
-    The child's own children are the lifeline's to kill (lifeline.py)."""
+    The child's own children are the lifeline's to kill (lifeline.py). `default`: the
+    signals set back to their default action (the ones the wrapper ignores for itself)."""
     prctl = _prctl()
     parent = os.getpid()
     fds = list(close)
+    reset = list(default)
 
     def setup() -> None:
+        for sig in reset:
+            signal.signal(sig, signal.SIG_DFL)
         if new_group:
             os.setpgrp()
         if then is not None:

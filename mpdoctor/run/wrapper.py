@@ -83,7 +83,7 @@ def run_pipes(cmd: list[str], env: dict[str, str]) -> ChildResult:
     try:
         with Forwarder(winch=winch, winch_only=False, lifeline=lifeline) as fwd:
             try:
-                proc = spawn(cmd, env=env, bufsize=0, preexec_fn=child_setup(new_group=True, close=held), **kw)
+                proc = spawn(cmd, env=env, bufsize=0, preexec_fn=child_setup(new_group=True, close=held, default=fwd.reset_in_child()), **kw)
             finally:
                 if err_pty is not None:
                     os.close(err_pty[1])
@@ -183,7 +183,8 @@ def run_pty(cmd: list[str], env: dict[str, str]) -> ChildResult:
         with Forwarder(winch=lambda: term.copy_winsize(master), orphaned=True, lifeline=lifeline) as fwd:
             try:
                 stderr: Any = slave if err_kind == "tty" else (subprocess.PIPE if err_kind == "pipe" else None)
-                setup = child_setup(new_group=False, close=held, then=become_session_leader_of_pty)
+                setup = child_setup(new_group=False, close=held, then=become_session_leader_of_pty,
+                                    default=fwd.reset_in_child())
                 proc = spawn(cmd, env=env, stdin=slave if stdin_tty else None, stdout=slave, stderr=stderr,
                              bufsize=0, start_new_session=True, preexec_fn=setup)
             finally:

@@ -52,11 +52,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 def _log_pipeline() -> tuple[Any, Any, Any]:
     """(explain_text, explain_path, InputError) of mpdoctor's log pipeline, the one
     `mpdoctor explain` runs: the one place this module names it, imported on first use."""
-    try:
-        from .logs import InputError, explain_path, explain_text
-    except ImportError:  # the pipeline before its move to mpdoctor/logs/ (goes once the move lands)
-        from .explain import explain_path, explain_text
-        from .scan import InputError
+    from .logs import InputError, explain_path, explain_text
 
     return explain_text, explain_path, InputError
 
@@ -340,16 +336,24 @@ class NotebookDoctor:
         self._show(self._explain(text), f"mpdoctor explain {label}")
 
     def _explain_magic(self, source: str) -> None:
+        """A path (one word that names a file, or looks like one) is read as `mpdoctor
+        explain PATH` reads it; anything else is the log itself."""
         import os
+        import re
 
         stripped = source.strip()
-        if "\n" not in stripped and os.path.isfile(os.path.expanduser(stripped)):
-            _, explain_path, InputError = _log_pipeline()
-            try:
-                report = explain_path(os.path.expanduser(stripped), self._rules())
-            except InputError as exc:
-                from .commands import fail
+        one_word = bool(stripped) and not re.search(r"\s", stripped)
+        path = os.path.expanduser(stripped)
+        if one_word and (os.path.exists(path) or "/" in stripped or re.search(r"\.(log|txt|out|err)$", stripped)):
+            from .commands import fail
 
+            _, explain_path, InputError = _log_pipeline()
+            if not os.path.exists(path):
+                fail(f"{stripped}: no such file")
+                return
+            try:
+                report = explain_path(path, self._rules())
+            except InputError as exc:
                 fail(str(exc))
                 return
             self._show(report, f"mpdoctor explain {stripped}")

@@ -33,6 +33,7 @@ CELLS = {
     "last": "%mpdoctor last",
     "explain_file": "%mpdoctor explain {log}",
     "explain_cell": "%%mpdoctor explain\n{log_text}",
+    "explain_missing": "%mpdoctor explain no-such-dir/train.log",
     "check": "%mpdoctor check",
     # a float16 layer whose output overflows: watch() names it, and the handle shows its report
     "watch": ("m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).half()\n"
@@ -170,6 +171,13 @@ def test_mpdoctor_explain_a_file_and_a_cell(notebook):
         (markdown,) = _markdown(notebook[cell])
         assert titles[0] in markdown, cell
         assert "rule `matmul-operands-dtype`" in markdown
+
+
+@pytest.mark.slow
+def test_mpdoctor_explain_a_missing_file_says_so(notebook):
+    outputs = notebook["explain_missing"]
+    assert _stream(outputs, "stderr") == "mpdoctor: no-such-dir/train.log: no such file\n"
+    assert _markdown(outputs) == []
 
 
 @pytest.mark.slow

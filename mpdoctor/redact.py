@@ -126,14 +126,27 @@ def is_secret_name(name: str) -> bool:
     return _secret_words(_words(bare), standalone=_SECRET_WORDS - {"pwd", "pat", "otp", "sas", "sig"})
 
 
+# what makes `<word>_key` in a log line a credential (`wandb_key`, `openai_key`), where
+# `full_key: a.b`, `conditioning_key=...`, `sort_key` are code's own words
+_KEY_OWNERS = frozenset({"api", "access", "secret", "private", "auth", "hf", "hub", "huggingface", "wandb", "openai",
+                         "anthropic", "comet", "neptune", "aws", "azure", "gcp", "google", "stripe", "github", "gitlab",
+                         "ssh", "license", "licence", "client", "encryption", "signing", "session", "service",
+                         "account", "master", "deploy", "bot", "webhook", "app", "user", "admin", "db", "database"})
+
+
 def _is_secret_name_in_text(name: str) -> bool:
     """Stricter, for `name=value` inside free text (log lines): a bare `key:` / `pass:` /
     `sig=` is too common in logs to mean a secret; they count when joined to another
-    word (`api_key`, `HF_HUB_PASS`)."""
+    word (`api_key`, `HF_HUB_PASS`); `<word>_key` when the word names what the key
+    opens (`wandb_key`, not `full_key` or `sort_key`)."""
     low = name.lower().lstrip("-")
     if low in _NOT_SECRET:
         return False
-    return _secret_words(_words(name.lstrip("-")), standalone=_STANDALONE)
+    words = _words(name.lstrip("-"))
+    if len(words) >= 2 and words[-1] == "key" and not any(w in _STRONG_WORDS for w in words) \
+            and not any(p in "_".join(words) for p in _STRONG_PAIRS):
+        return any(w in _KEY_OWNERS for w in words[:-1])
+    return _secret_words(words, standalone=_STANDALONE)
 
 
 # --- text ----------------------------------------------------------------------------
@@ -184,12 +197,13 @@ _QUOTED_HEAD = _Lazy(
     r"(?P<sep>[ \t]*(?:\][ \t]*)?(?:,|=(?![=~])|:)?[ \t]*)"
 )
 # netrc: `machine h login u password p` on one line, or `password p` as a line of its own
-_NETRC = _Lazy(r"(?m)(?:(?<![A-Za-z0-9_.-])(?:machine|default|login|account)[ \t][^\n]{0,300}?[ \t]|^[ \t]*)"
-               r"(?P<name>password|passwd)[ \t]+(?P<val>[^\s]+)(?=[ \t]*$|[ \t]+(?:machine|default|login|account|macdef)\b)")
+_NETRC = _Lazy(r"(?m)(?:(?<![A-Za-z0-9_.-])(?:(?:machine[ \t]+\S+|default)[ \t]+(?:login[ \t]+\S+[ \t]+)?"
+               r"(?:account[ \t]+\S+[ \t]+)?|login[ \t]+\S+[ \t]+)|^[ \t]*(?=(?:password|passwd)[ \t]+\S+[ \t]*$))"
+               r"(?P<name>password|passwd)[ \t]+(?P<val>[^\s|]+)")
 # a login call's key (`wandb.login(key="...")`, `wandb.login(key='...', relogin=True)`)
 _LOGIN_CALL = _Lazy(r"(?i)(?<![A-Za-z0-9_])login[ \t]*\((?P<args>[^()\n]{0,400})\)")
 _CALL_KEY = _Lazy(r"(?<![A-Za-z0-9_])(?P<pre>(?:key|api_key|token)[ \t]*=[ \t]*)(?P<q>[\"']?)(?P<val>[^\"',)\s]+)(?P=q)")
-_HEX_SECRET = _Lazy(r"[0-9a-fA-F]{32,}")
+_KEY_HEX_VALUE = _Lazy(r"(\\{0,2}[\"']?)[0-9a-fA-F]{32,}(?![0-9A-Za-z_])\1")
 # --flag value / --flag=value / -flag value inside a line
 _FLAG_HEAD = _Lazy(r"(?<![A-Za-z0-9-])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]{0,80})(?P<sep>=|[ \t]+)")
 # a quoted value, its quote escaped once or twice inside a JSON string (`\"x\"`)
@@ -203,6 +217,18 @@ _HARMLESS_VALUES = frozenset({"none", "null", "true", "false", "", "0", "1", "ye
 def _keep_value(value: str) -> bool:
     v = value.strip().lower()
     return v in _HARMLESS_VALUES or v.startswith("<redacted") or v.startswith("$") or v.startswith("${")
+
+
+_IDENTIFIER_PATH = _Lazy(r"[A-Za-z_][A-Za-z0-9_]{0,80}(?:\.[A-Za-z_][A-Za-z0-9_]{0,80}){0,8}")
+
+
+def _code_reference(name: str, value: str) -> bool:
+    """`use_auth_token=use_auth_token`, `token=args.hub_token`, `auth=auth`: code passing
+    a variable along (a bare value, not a string literal) names the secret, holds none."""
+    if not _IDENTIFIER_PATH.fullmatch(value):
+        return False
+    last = value.rsplit(".", 1)[-1]
+    return last.lower() == name.lstrip("-").lower() or is_secret_name(last)
 
 
 def _metavar(name: str, value: str) -> bool:
@@ -226,7 +252,8 @@ def _redact_named(text: str, head: _Lazy, is_secret: Callable[[str], bool], bare
             continue
         name = m.group("name")
         secret = is_secret(name)
-        if not secret and not _names_a_key(name):
+        # `key`: a secret only when its value has an API key's shape (looked at, not scanned)
+        if not secret and not (_names_a_key(name) and _KEY_HEX_VALUE.match(text, m.end())):
             continue
         q = _VALUE_QUOTED.match(text, m.end())
         if q:
@@ -236,8 +263,8 @@ def _redact_named(text: str, head: _Lazy, is_secret: Callable[[str], bool], bare
             if v is None:
                 continue
             span, value = v.span(), v.group()
-        if not secret and not _HEX_SECRET.fullmatch(value):
-            continue
+            if _code_reference(name, value):
+                continue
         if _keep_value(value) or _metavar(name, value):
             continue
         out.append(text[pos:span[0]])
@@ -325,6 +352,14 @@ def _open_key_blocks(text: str) -> str:
     return text
 
 
+def _sub_bearer(m: re.Match) -> str:
+    value = m.group("val")
+    if m.group("scheme").lower() != "bearer" and value.isalpha() and (value.islower() or value[1:].islower()):
+        # `Basic environments`, `token classification`: a word, not a credential
+        return m.group(0)
+    return m.group("scheme") + m.group("sp") + REDACTED
+
+
 def _sub_query(m: re.Match) -> str:
     name = m.group("name")
     if not (is_secret_name(name) or _secret_words(_words(name), standalone=_SECRET_WORDS)) \
@@ -354,7 +389,7 @@ def redact_text(text: str) -> str:
         text = _TOKEN_SHAPES.sub(REDACTED, text)
     low = text.lower() if text.isascii() else None
     if low is None or "bearer" in low or "basic" in low or "token" in low:
-        text = _BEARER.sub(lambda m: m.group("scheme") + m.group("sp") + REDACTED, text)
+        text = _BEARER.sub(_sub_bearer, text)
     if low is None or "wandb" in low:
         text = _WANDB_LOGIN.sub(lambda m: m.group("pre") + REDACTED, text)
     if "-" in text:

@@ -63,10 +63,45 @@ NAMED_FORMS = [
 JOINERS = ["", " ", "_", "/", "=", "'", '"', "(", ":", "-", "\t", "x_"]
 
 
+# an argument list in any quoting: (flag, value) -> text
+ARGLIST_FORMS = [
+    # accelerate's CalledProcessError prints the Python list
+    lambda f, v: f"Command '['/usr/bin/python', 'train.py', '{f}', '{v}', '--lr', '1']' returned non-zero exit status 1.",
+    lambda f, v: f'["python", "train.py", "{f}", "{v}"]',  # a JSON array
+    lambda f, v: f'{{"cmd": "[\\"{f}\\", \\"{v}\\"]"}}',  # a JSON array inside a JSON string
+    lambda f, v: f"python train.py '{f}' '{v}'",  # shell words, quoted
+    lambda f, v: f'python train.py {f} "{v}"',
+    lambda f, v: f"('{f}', '{v}')",  # a tuple
+]
+# an assignment with any spacing, in code and in files: (name, value) -> text
+ASSIGN_FORMS = [
+    lambda n, v: f"{n}    = {v}", lambda n, v: f"{n}\t=\t{v}", lambda n, v: f"{n}  :  {v}",
+    lambda n, v: f'os.environ["{n}"] = "{v}"', lambda n, v: f"os.environ['{n}']='{v}'",
+    lambda n, v: f'os.environ.setdefault("{n}", "{v}")',
+]
+
+
 @st.composite
 def planted_secret(draw) -> tuple[str, str]:
     """(the text to plant, the secret bytes that must never come out)."""
-    kind = draw(st.sampled_from(["shape", "named", "url", "query", "bearer", "wandb"]))
+    kind = draw(st.sampled_from(["shape", "named", "url", "query", "bearer", "wandb", "arglist", "assign",
+                                 "wandb-login", "netrc"]))
+    if kind == "arglist":
+        value = draw(VALUE)
+        flag = draw(st.sampled_from(["--hub_token", "--hub-token", "--api_key", "--password", "--wandb-api-key"]))
+        return draw(st.sampled_from(ARGLIST_FORMS))(flag, value), value
+    if kind == "assign":
+        value = draw(VALUE)
+        name = draw(st.sampled_from(["HF_TOKEN", "WANDB_API_KEY", "HF_HUB_PASS", "api_key", "db_password"]))
+        return draw(st.sampled_from(ASSIGN_FORMS))(name, value), value
+    if kind == "wandb-login":
+        hexkey = draw(chars(HEX, 40))
+        return draw(st.sampled_from([f'wandb.login(key="{hexkey}")', f"wandb.login(key='{hexkey}', relogin=True)",
+                                     f'key = "{hexkey}"'])), hexkey
+    if kind == "netrc":
+        value = draw(VALUE)
+        return draw(st.sampled_from([f"machine api.wandb.ai login user password {value}",
+                                     f"machine huggingface.co login hf password {value}"])), value
     if kind == "shape":
         secret = draw(st.sampled_from(sorted(SHAPES)).flatmap(lambda k: SHAPES[k]))
         before, after = draw(st.sampled_from(JOINERS)), draw(st.sampled_from(JOINERS + ["_x", ".", ","]))
@@ -103,10 +138,11 @@ def test_no_secret_from_a_log_reaches_any_explain_output(tmp_path, capsys, plant
              f'  File "/home/ana/proj/train.py", line 9, in <module>']
     if where == "message":
         lines.append(f"ValueError: fp16 mixed precision requires a GPU {text}")
-    elif where == "path":
+    elif where == "path" and not text.startswith("machine "):  # a netrc line is a line, not a path
         lines[2] = f'  File "/home/ana/run_{text}/train.py", line 9, in <module>'
         lines.append("ValueError: fp16 mixed precision requires a GPU")
     else:
+        lines.insert(0, text)
         lines.append(f"KeyError: 'label {text}'")
     log = tmp_path / "train.log"
     log.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -312,3 +348,168 @@ def test_no_false_alarm_on_the_rule_base_and_the_real_logs():
             if redact_text(line) != line:
                 changed.append((path.name, line))
     assert changed == []
+
+
+# --- the paths of issue 17: files written on the side, rule pages, clipped text -------------
+
+EVENTS = ROOT / "fixtures" / "events" / "clean-run.json"
+PROBE = ROOT / "fixtures" / "probe" / "bf16-cpu.json"
+
+
+def _strings_into(doc: dict, text: str, secret_env: tuple[str, str]) -> dict:
+    """A recorded document with secrets planted where a run or a probe mode puts them: the
+    command line, each process's environment section and recorded exception, any string."""
+    name, value = secret_env
+    doc = json.loads(json.dumps(doc))
+    if "command" in doc:
+        doc["command"] = ["python", "train.py", "--hub_token", value, "--note", text]
+    for p in doc.get("processes", []):
+        p["env"].setdefault("env", {})[name] = value
+        p["exceptions"] = [{"exception": f"RuntimeError: failed {text}", "module": "", "step": 1}]
+    doc["note"] = text
+    return doc
+
+
+@PROPERTY
+@given(planted=planted_secret(), env_name=st.sampled_from(["HF_TOKEN", "WANDB_API_KEY", "HF_HUB_PASS"]), value=VALUE)
+def test_no_secret_in_a_saved_events_file(tmp_path, planted, env_name, value):
+    """MPDOCTOR_SAVE_EVENTS held the process's HF_TOKEN and `--hub_token X` verbatim: the
+    document is written through redact_record (run/diagnose.py)."""
+    from mpdoctor.redact import redact_record
+
+    text, secret = planted
+    doc = _strings_into(json.loads(EVENTS.read_text()), text, (env_name, value))
+    out = json.dumps(redact_record(doc))
+    assert secret not in out and value not in out
+    assert json.loads(out)["processes"][0]["env"]["env"][env_name] == REDACTED
+
+
+@PROPERTY
+@given(planted=planted_secret(), value=VALUE)
+def test_no_secret_in_a_saved_probe_file(tmp_path, monkeypatch, planted, value):
+    """MPDOCTOR_SAVE_PROBE=DIR: the file probe/judge.save_evidence writes, read back."""
+    from mpdoctor.probe.judge import save_evidence
+
+    text, secret = planted
+    evidence = json.loads(PROBE.read_text())
+    evidence["options"] = {**evidence.get("options", {}), "cmd": ["--hub_token", value], "note": text}
+    evidence["stderr"] = f"Traceback ...\nRuntimeError: {text}\nHF_TOKEN={value}"
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    monkeypatch.setenv("MPDOCTOR_SAVE_PROBE", str(folder))
+    save_evidence(evidence)
+    body = (folder / f"probe-{evidence['mode']}.json").read_text(encoding="utf-8")
+    assert secret not in body and value not in body
+
+
+@pytest.mark.slow
+def test_a_real_run_saves_events_without_its_secrets(tmp_path):
+    """The repro end to end: an instrumented run with HF_TOKEN in its environment and
+    `--hub_token X` in its command line; the saved events keep neither."""
+    import os
+    import subprocess
+
+    token, plain = "hf_" + "Qz8" * 12, "plainSAVEDsecret9"
+    script = tmp_path / "t.py"
+    script.write_text("import sys\nraise ValueError('fp16 mixed precision requires a GPU')\n")
+    saved = tmp_path / "events.json"
+    env = {**os.environ, "HF_TOKEN": token, "MPDOCTOR_SAVE_EVENTS": str(saved)}
+    subprocess.run([sys.executable, "-m", "mpdoctor", "run", "--", sys.executable, str(script), "--hub_token", plain],
+                   capture_output=True, text=True, timeout=120, env=env)
+    body = saved.read_text(encoding="utf-8")
+    assert json.loads(body)["command"][-2:] == ["--hub_token", REDACTED]
+    assert token not in body and plain not in body
+
+
+def _toml(s: str) -> str:
+    return json.dumps(s)  # a TOML basic string takes JSON's escapes
+
+
+@PROPERTY
+@given(planted=planted_secret(), fmt=st.sampled_from(["terminal", "json", "markdown"]),
+       where=st.sampled_from(["title", "doc", "fix", "reference"]))
+def test_no_secret_from_a_user_rule_reaches_rules_show_or_list(tmp_path, capsys, planted, fmt, where):
+    """`rules show --format json|markdown` printed a user rule's tokens and URL credentials
+    (the terminal format cut them)."""
+    text, secret = planted
+    title = f"Mine failed {text}" if where == "title" else "Mine failed"
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    (folder / "log").mkdir(parents=True)
+    (folder / "log" / "mine.toml").write_text("\n".join([
+        'id = "mine"', 'category = "cuda-kernel-fault"', f"title = {_toml(title.replace('{', '(').replace('}', ')'))}",
+        'patterns = ["MINE FAILED"]', 'explanation = ["Because."]',
+        f"fixes = [{_toml('Run it again ' + text if where == 'fix' else 'Run it again.')}]",
+        f"references = [{_toml('https://example.com/x ' + text if where == 'reference' else 'https://example.com/x')}]",
+        "[doc]", f"why = {_toml('It happens: ' + text if where == 'doc' else 'It happens.')}",
+        "[[example]]", 'text = "MINE FAILED here"', "[[near_miss]]", 'text = "fine"']) + "\n")
+    code, out = run_cli(["rules", "show", "mine", "--rules", folder, "--format", fmt], capsys)
+    assert code == 0, out
+    assert secret not in out, (fmt, where, text)
+    code, out = run_cli(["rules", "list", "--rules", folder, "--format", fmt], capsys)
+    assert secret not in out
+
+
+@PROPERTY
+@given(planted=planted_secret(), pad=st.integers(340, 410), where=st.sampled_from(["message", "unrecognised"]),
+       fmt=st.sampled_from(FORMATS))
+def test_a_clip_never_leaves_part_of_a_secret(tmp_path, capsys, planted, pad, where, fmt):
+    """Evidence and unrecognised exceptions are clipped to 400 characters: a secret across
+    the cut (`https://user:password` whose `@` falls past it) came out whole. Secrets are
+    cut first now; no 8 characters of one reach the output."""
+    text, secret = planted
+    filler = ("x " * pad)[:pad]
+    if where == "message":
+        line = f"ValueError: fp16 mixed precision requires a GPU {filler}{text} and more words after it"
+    else:
+        line = f"KeyError: 'label {filler}{text} and more words after it'"
+    log = tmp_path / "clip.log"
+    log.write_text(f'Traceback (most recent call last):\n  File "/w/t.py", line 1, in <module>\n{line}\n')
+    _, out = run_cli(["explain", log, "--format", fmt], capsys)
+    pieces = [secret[i:i + 8] for i in range(0, max(1, len(secret) - 7))]
+    assert not [p for p in pieces if p in out], (fmt, where, text)
+
+
+def test_the_url_whose_at_falls_past_the_cut():
+    from mpdoctor.redact import clip
+
+    line = "x" * 380 + " https://ana:Sup3rS3cretPassw0rd@git.example.com/org/repo.git"
+    out = clip(line, 400)
+    assert len(out) == 400 and "Sup3rS3cret" not in out and out.endswith("…")
+    assert "https://<redacted>" in redact_text("see https://ana:Sup3rS3cret…")  # already cut by someone else
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("subprocess.CalledProcessError: Command '['/usr/bin/python', 'train.py', '--hub_token', 'plainSecret1']' "
+     "returned non-zero exit status 1.", "plainSecret1"),
+    ('["--hub_token", "plainSecret2", "--lr", "1e-4"]', "plainSecret2"),
+    ("HF_TOKEN    = plainSecret3", "plainSecret3"),
+    ('os.environ["WANDB_API_KEY"] = "plainSecret4"', "plainSecret4"),
+    ('wandb.login(key="0123456789abcdef0123456789abcdef01234567")', "0123456789abcdef0123456789abcdef01234567"),
+    ("password plainSecret5", "plainSecret5"),
+    ("machine api.wandb.ai login user password plainSecret6", "plainSecret6"),
+    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\nAAAAdGVzdA", "b3BlbnNzaC1rZXk"),
+])
+def test_the_new_secret_shapes_of_the_issue(text, secret):
+    out = redact_text(text)
+    assert secret not in out and REDACTED in out
+
+
+@pytest.mark.parametrize("text", [
+    "wandb.login(key=os.environ['WANDB_API_KEY'])", "login failed: wrong password for user bob",
+    "tokens = ['the', 'token', 'is', 'here']", "['--lr', '3e-4', '--push_to_hub', '--output_dir', 'out']",
+    "tokenizer.pad_token = tokenizer.eos_token", 'parser.add_argument("--hub_token", type=str, default=None)',
+])
+def test_what_only_looks_like_the_new_shapes_stays(text):
+    assert redact_text(text) == text
+
+
+def test_the_new_shapes_stay_linear_on_long_hostile_lines():
+    import time
+
+    for unit in ("'--token', ", '"HF_TOKEN"', "machine h ", "login(", "key=", " = ", "\\\"", "https://a…"):
+        t0 = time.perf_counter()
+        redact_text(unit * (20000 // len(unit)))
+        assert time.perf_counter() - t0 < 1.0, unit

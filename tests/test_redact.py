@@ -16,8 +16,17 @@ from hypothesis import strategies as st
 
 from mpdoctor import cli
 from mpdoctor.findings import Evidence, Finding, Report
-from mpdoctor.redact import (REDACTED, anonymize_snapshot, anonymizer, is_secret_name, markdown_safe, redact_argv,
-                             redact_obj, redact_snapshot, redact_text)
+from mpdoctor.redact import (
+    REDACTED,
+    anonymize_snapshot,
+    anonymizer,
+    is_secret_name,
+    markdown_safe,
+    redact_argv,
+    redact_obj,
+    redact_snapshot,
+    redact_text,
+)
 from mpdoctor.render import render_text
 from tests.rulekit import private_cache  # noqa: F401 (autouse fixture)
 
@@ -135,7 +144,7 @@ def run_cli(args, capsys):
 def test_no_secret_from_a_log_reaches_any_explain_output(tmp_path, capsys, planted, where, fmt, extra):
     text, secret = planted
     lines = ["epoch 1 step 3 loss 2.1", "Traceback (most recent call last):",
-             f'  File "/home/ana/proj/train.py", line 9, in <module>']
+             '  File "/home/ana/proj/train.py", line 9, in <module>']
     if where == "message":
         lines.append(f"ValueError: fp16 mixed precision requires a GPU {text}")
     elif where == "path" and not text.startswith("machine "):  # a netrc line is a line, not a path

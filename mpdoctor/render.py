@@ -193,17 +193,35 @@ def wrap(text: str, width: int, indent: int = 0, first: str = "", rest: str | No
     return lines
 
 
+def _pad(text: str, width: int, right: bool = False) -> str:
+    fill = " " * max(0, width - cells(text))
+    return fill + text if right else text + fill
+
+
 def table_lines(cols: list[str], rows: list[list[str]], width: int, *, right: set[str] | frozenset = frozenset(),
-                key: int = 0) -> list[str]:
-    """A plain table (no box characters, no trailing spaces) when it fits in `width`;
-    otherwise stacked: each row's `key` cell on a line, then `  column: value` lines, so
-    that no cell is ever truncated."""
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+                key: int = 0, transpose: bool = False) -> list[str]:
+    """The one table layout of every face: a plain table (no box characters, no
+    trailing spaces) when it fits in `width`; else, with `transpose` (a few rows of many
+    short columns: the probe's modes), one column per row when that fits; otherwise
+    stacked: each row's `key` cell on a line, then `  column: value` lines, so that no
+    cell is ever truncated."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max([cells(c)] + [cells(r[i]) for r in rows]) for i, c in enumerate(cols)]
     if sum(widths) + 2 * (len(cols) - 1) <= width:
-        def fmt(cells: list[str]) -> str:
-            parts = [cell.rjust(w) if col in right else cell.ljust(w) for cell, w, col in zip(cells, widths, cols)]
+        def fmt(line: list[str]) -> str:
+            parts = [_pad(cell, w, col in right) for cell, w, col in zip(line, widths, cols)]
             return "  ".join(parts).rstrip()
         return [fmt(cols), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+    if transpose and rows:
+        names = [c for i, c in enumerate(cols) if i != key]
+        flipped = [[r[i] for r in rows] for i in range(len(cols)) if i != key]
+        head = [r[key] for r in rows]
+        label = max(cells(c) for c in names)
+        col_w = [max(cells(head[j]), *(cells(f[j]) for f in flipped)) for j in range(len(rows))]
+        if label + sum(col_w) + 2 * len(rows) <= width:
+            def line(first: str, values: list[str]) -> str:
+                return (_pad(first, label) + "".join("  " + _pad(v, w, True) for v, w in zip(values, col_w))).rstrip()
+            return [line("", head), line("", ["-" * w for w in col_w])] + [line(n, f) for n, f in zip(names, flipped)]
     label = max(len(c) for i, c in enumerate(cols) if i != key)
     out: list[str] = []
     for r in rows:
@@ -756,7 +774,7 @@ def print_checklist(report: Report, console: Any, heading: str = "mpdoctor check
         _say(console, ("Probe", "bold"))
         table = probe.get("table") or {}
         if table.get("columns") and table.get("rows"):
-            body = table_lines(table["columns"], table["rows"], width - 2)
+            body = table_lines(table["columns"], table["rows"], width - 2, transpose=True)
             footer = probe.get("footer") or []
         else:  # a probe that did not run: its lines say why
             body, footer = [], probe["lines"]

@@ -233,3 +233,110 @@ def test_explain_here_sharpens_with_this_machine(tmp_path):
     top = report["findings"][0]
     assert top["category"] == "device-mismatch"
     assert f"This machine has no GPU torch can use (torch {torch.__version__} is a CPU-only build)." in top["explanation"]
+
+
+# --- a report that stands alone in an issue (what collect_env / accelerate env show) ----------
+
+def test_live_snapshot_has_what_collect_env_and_accelerate_env_show(live_snapshot):
+    import numpy
+    import torch
+
+    snap = json.loads(live_snapshot.read_text())
+    assert snap["platform"]["os"] and snap["platform"]["libc"].startswith("glibc")
+    assert snap["packages"]["versions"]["numpy"] == numpy.__version__
+    assert snap["torch"]["num_threads"] == torch.get_num_threads()
+    assert isinstance(snap["threads"]["affinity_cores"], int)
+    assert "cuda_home" in snap["cuda_toolkit"] and "nvcc" in snap["cuda_toolkit"]
+
+
+def test_check_markdown_stands_alone(live_snapshot, tmp_path):
+    import numpy
+
+    from mpdoctor import __version__
+
+    cfg = tmp_path / "cpu.yaml"
+    cfg.write_text(CONFIG.format(mp="fp16").replace("use_cpu: false", "use_cpu: true"))
+    r = run(["check", "--snapshot", str(live_snapshot), "--config-file", str(cfg), "--format", "markdown"],
+            env={"OMP_NUM_THREADS": "3"})
+    md = r.stdout
+    snap = json.loads(live_snapshot.read_text())
+    assert f"- mpdoctor {__version__}" in md
+    assert f"- OS: {snap['platform']['os']} · {snap['platform']['libc']}" in md
+    assert f"- numpy {numpy.__version__}" in md
+    assert "- threads: " in md and "torch.get_num_threads()" in md
+    assert "- CUDA toolkit: " in md
+    # the whole config, not the summary that dropped use_cpu
+    assert '"use_cpu": true' in md and '"machine_rank": 0' in md
+    r = run(["check", "--snapshot", str(live_snapshot), "--config-file", str(cfg), "--format", "json"])
+    env = json.loads(r.stdout)["environment"]
+    assert env["accelerate_config"]["config"]["use_cpu"] is True
+    assert env["numpy"] == numpy.__version__ and env["os"] == snap["platform"]["os"]
+    r = run(["check", "--snapshot", str(live_snapshot), "--config-file", str(cfg)], env={"COLUMNS": "80"})
+    assert "use_cpu: true" in r.stdout
+
+
+def test_thread_settings_are_the_ones_set(tmp_path):
+    r = run(["collect"], env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    snap = json.loads(r.stdout)
+    assert snap["threads"]["env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert snap["torch"]["num_threads"] == 1
+
+
+# --- honest where it cannot judge: mpdoctor installed beside the training environment ------------
+
+CORE = ("rich", "pygments", "markdown_it", "mdurl", "psutil", "pynvml", "packaging", "yaml", "hyperscan")
+
+
+@pytest.fixture(scope="module")
+def core_only_python(tmp_path_factory) -> Path:
+    """A real venv with mpdoctor (this checkout) and its core dependencies only, as pipx
+    installs it: no torch, no accelerate in its own interpreter."""
+    import importlib.util
+
+    tmp = tmp_path_factory.mktemp("pipx")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    deps = tmp / "deps"
+    deps.mkdir()
+    for name in CORE:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue  # hyperscan where no wheel exists
+        origin = Path(spec.origin)
+        target = origin.parent if origin.name == "__init__.py" else origin
+        (deps / target.name).symlink_to(target)
+    pkg = tmp / "pkg"
+    pkg.mkdir()
+    (pkg / "mpdoctor").symlink_to(ROOT / "mpdoctor")
+    (site / "core-deps.pth").write_text(f"{deps}\n{pkg}\n")
+    probe = subprocess.run([str(py), "-c", "import mpdoctor, rich, yaml; import torch"], capture_output=True,
+                           text=True, timeout=60)
+    assert "No module named 'torch'" in probe.stderr, probe.stderr
+    return py
+
+
+def test_check_without_torch_says_what_it_could_not_judge(core_only_python, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["COLUMNS"] = "80"
+    r = subprocess.run([str(core_only_python), "-m", "mpdoctor", "check"], capture_output=True, text=True,
+                       env=env, timeout=120, cwd=tmp_path)
+    out = r.stdout
+    assert r.returncode == 2, out + r.stderr
+    assert "✓ Library versions" not in out and "✓ torch" not in out and "✓ Hardware" not in out
+    assert "– Library versions — not judged: torch is not installed here" in out
+    summary = out[out.index("\nnot judged: "):]
+    assert "torch is not installed here" in summary
+    assert "\n`--python /path/to/train/python`\n" in summary  # a command is never cut
+    assert "in what could be judged" in summary
+    # markdown and json say it too
+    r = subprocess.run([str(core_only_python), "-m", "mpdoctor", "check", "--format", "json"], capture_output=True,
+                       text=True, env=env, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "`--python /path/to/train/python`" in json.loads(r.stdout)["not_judged"]
+    # pointed at the interpreter that trains, it judges and exits as usual
+    r = subprocess.run([str(core_only_python), "-m", "mpdoctor", "check", "--python", sys.executable],
+                       capture_output=True, text=True, env=env, timeout=180, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "\nnot judged:" not in r.stdout and "✓ torch and CUDA runtime" in r.stdout

@@ -154,8 +154,8 @@ def not_judged_reason(snapshot: dict[str, Any], *, live: bool, python: str | Non
     if not live:
         return f"{what} on the recorded machine"
     if python:
-        return f"{what} in {where} — point --python at the interpreter that trains"
-    return f"{what} here ({where or 'this interpreter'}) — use --python /path/to/train/python"
+        return f"{what} in {where} — point `--python` at the interpreter that trains"
+    return f"{what} here ({where or 'this interpreter'}) — use `--python /path/to/train/python`"
 
 
 def mark_not_judged(report: Any, snapshot: dict[str, Any], *, live: bool, python: str | None) -> str | None:

@@ -3,9 +3,10 @@
 Each instrumented process writes, in the directory named by ``MPDOCTOR_EVENTS_DIR``:
 
 * ``rank{R}-pid{P}.jsonl``: events, one JSON object a line, appended and flushed as they
-  happen (``start``, ``snapshot`` — the watcher's whole state, the last one wins —,
-  ``exception``, ``internal-error``, ``exit``), so a rank killed mid-run leaves what it
-  had found;
+  happen (``start``, ``snapshot`` — the recorder's whole state, the last one wins —,
+  ``exception``, ``recovered`` — an exception recorded earlier was caught and an
+  optimizer step completed after it —, ``internal-error``, ``exit``), so a rank killed
+  mid-run leaves what it had found;
 * ``rank{R}-pid{P}.progress``: one small JSON object rewritten in place (step, where:
   "forward", "backward", "optimizer", "in all_reduce", ...), so a rank killed while
   waiting for a dead peer is seen waiting.
@@ -100,6 +101,8 @@ class RankRecord:
     pid: int
     snapshot: dict[str, Any] = field(default_factory=dict)
     exceptions: list[dict[str, Any]] = field(default_factory=list)
+    # exceptions caught by the program, after which it trained on (not the run's failure)
+    recovered: list[dict[str, Any]] = field(default_factory=list)
     internal_errors: list[str] = field(default_factory=list)
     exit: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
@@ -138,6 +141,10 @@ def read_events(directory: str | Path) -> list[RankRecord]:
                 rec.snapshot = ev.get("snap") or {}
             elif kind in ("exception", "exit-exception"):
                 rec.exceptions.append(ev)
+            elif kind == "recovered":
+                rec.recovered.append(ev)
+                rec.exceptions = [e for e in rec.exceptions
+                                  if not (e.get("type") == "exception" and e.get("time") == ev.get("raised_time"))]
             elif kind == "internal-error":
                 rec.internal_errors.append(ev.get("text", ""))
             elif kind == "env":

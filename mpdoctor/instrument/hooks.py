@@ -229,12 +229,7 @@ class ModuleHooks:
             if out is None:
                 exc = sys.exc_info()[1]
                 if exc is not None:
-                    # the same exception passes every enclosing module's hook: keep its
-                    # identity, not the exception (its traceback holds frames and tensors;
-                    # an OOM retry with a smaller batch must get that memory back)
-                    key = (id(exc), type(exc), str(exc)[:200])
-                    if key != self._last_exc:
-                        self._last_exc = key
+                    if self._first_sight(exc):
                         if not self._children_hooked:  # a step not sampled: the submodules had no hooks
                             mod, args = innermost_module(exc, self._names, mod, args)
                         self._on_forward_error(mod, args, exc)
@@ -259,6 +254,24 @@ class ModuleHooks:
         except Exception as exc:
             self._fail(exc)
         return None
+
+    def _first_sight(self, exc: BaseException) -> bool:
+        """Whether this is the first hook the exception passes (it passes every enclosing
+        module's). The exception is marked, not kept: its traceback holds frames and
+        tensors, and an OOM retry with a smaller batch must get that memory back; its id
+        alone is not enough, as the next try's exception often gets the same one."""
+        token = id(self)
+        try:
+            if getattr(exc, "_mpdoctor_seen", None) == token:
+                return False
+            exc._mpdoctor_seen = token  # type: ignore[attr-defined]
+            return True
+        except Exception:  # an exception type without attributes: its identity then
+            key = (id(exc), type(exc), str(exc)[:200])
+            if key == self._last_exc:
+                return False
+            self._last_exc = key
+            return True
 
     def _record(self, kind: str, mod: Any, t: Tensor, aux: int = -1) -> int:
         mn, mx = torch.aminmax(t.detach())

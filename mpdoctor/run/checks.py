@@ -403,3 +403,30 @@ def instrumentation_stopped(v: RunView) -> Result:
     if not errors:
         return []
     return [Hit({"errors": len(errors), "first_error": errors[0]}, [("internal_errors", e) for e in errors[:3]])]
+
+
+# Accelerator out-of-memory messages (torch.OutOfMemoryError; CUDA, HIP, XPU, MPS wording)
+_OOM_WORDS = (" out of memory", "OutOfMemoryError", "MPS backend out of memory")
+
+
+@check(facts=("tries", "first_error", "module", "first_step", "resumed_step", "batch_shapes"))
+def oom_recovered(v: RunView) -> Result:
+    """Out-of-memory errors the program caught, after which an optimizer step completed
+    (the instrumentation moves such an exception from `errors` to `recovered`): a retry
+    with a smaller batch (accelerate's find_executable_batch_size) that then trained."""
+    for p in v.watched:
+        caught = [e for e in p.watch.get("recovered") or []
+                  if any(w in str(e.get("exception") or "") for w in _OOM_WORDS)]
+        if not caught:
+            continue
+        first = caught[0]
+        shapes = list(dict.fromkeys(str(tuple(s)) for e in caught
+                                    if (s := (e.get("context") or {}).get("batch_shape"))))
+        return [Hit({"tries": len(caught), "first_error": str(first.get("exception") or "").split("\n")[0][:200],
+                     "module": first.get("module") or None, "first_step": first.get("step"),
+                     "resumed_step": caught[-1].get("recovered_at_step"),
+                     "batch_shapes": ", ".join(shapes[:8]) or None},
+                    [(f"{p.path}.watch.recovered[{i}]", f"step {e.get('step')}: "
+                      f"{str(e.get('exception') or '').splitlines()[0][:160] if e.get('exception') else '?'}; "
+                      f"trained on at step {e.get('recovered_at_step')}") for i, e in enumerate(caught[:3])])]
+    return []

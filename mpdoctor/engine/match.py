@@ -15,12 +15,11 @@ from typing import Any, Iterable
 from ..findings import Evidence, Finding, Unrecognised, rank_findings
 from ..logtext import MAX_MATCH_CHARS, LazyRe, LogLine, Traceback
 from .assemble import assemble, supersede
+from .fixedruns import best_step
 from .rule import Rule
 
 MAX_EVIDENCE = 4
 MAX_EVIDENCE_CHARS = 400
-# Below this much text, one str.find per literal beats compiling an alternation.
-_SMALL_TEXT = 1 << 20
 _DIGITS = LazyRe(r"\d+")
 # "torch.cuda.OutOfMemoryError: ..." and "OutOfMemoryError: ..." are the same message.
 _QUALIFIED = LazyRe(r"^[\"']?(?:[A-Za-z_]\w{0,60}\.){1,8}(?=[A-Z]\w{0,80}:)")
@@ -42,30 +41,29 @@ class Hit:
 
 
 class LiteralIndex:
-    """All rules' literals, and which rules need each (literals are lower-case)."""
+    """Which rules a line may concern. Each pattern is indexed by the alternatives of its
+    best fixed step (fixedruns.best_step: every match holds one, and none is a word on
+    every line of a training log when the pattern has a better one), lower-cased, as the
+    case-folded second chance needs; a pattern with no such step by its rule's literals."""
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
-        self._regex: re.Pattern[str] | None = None
         self.owners: dict[str, list[int]] = {}
+        self._masked: dict[str, list[str]] | None = None  # digits masked -> the literals
         for i, rule in enumerate(self.rules):
-            for lit in rule.literals:
+            keys: set[str] = set()
+            for rx in rule.patterns:
+                step = best_step(rx)
+                keys.update(rule.literals if step is None else (a.lower() for a in step))
+            for lit in sorted(keys):
                 self.owners.setdefault(lit, []).append(i)
 
-    @property
-    def regex(self) -> re.Pattern[str]:
-        """One alternation of every literal (longest first), compiled on first use."""
-        if self._regex is None:
-            alts = sorted(self.owners, key=len, reverse=True)
-            self._regex = re.compile("|".join(re.escape(a) for a in alts) or r"(?!x)x")
-        return self._regex
-
-    def positions(self, low: str) -> Iterable[tuple[int, str]]:
+    def positions(self, low: str, literals: Iterable[str] | None = None) -> Iterable[tuple[int, str]]:
         """(position, literal): the first occurrence of each literal on each line of
         lower-cased `low` (a literal inside a longer one is never hidden). One str.find
         scan per literal: C speed, and no alternation to compile."""
         find = low.find
-        for lit in self.owners:
+        for lit in self.owners if literals is None else literals:
             i = find(lit)
             while i >= 0:
                 yield i, lit
@@ -75,20 +73,62 @@ class LiteralIndex:
                     break
                 i = find(lit, nl + 1)
 
+    def candidates(self, lows: list[str]) -> dict[int, dict[int, int]]:
+        """line index -> {rule index: where its first literal is on the line}, for the
+        lower-cased lines `lows`. A log repeats a few line shapes with other numbers: when
+        it does, only the distinct shapes (digits masked) are searched, and a literal with
+        a digit is looked up again on each line of its shape."""
+        masked = [ln.translate(_MASK_DIGITS) for ln in lows]
+        shapes = dict.fromkeys(masked)
+        if len(shapes) * 2 > len(masked):  # few repeats: the lines themselves
+            found = self._first_positions(lows, self.owners)
+            return {li: self._by_rule(lits.items()) for li, lits in found.items()}
+        if self._masked is None:
+            self._masked = {}
+            for lit in self.owners:
+                self._masked.setdefault(lit.translate(_MASK_DIGITS), []).append(lit)
+        shape_list = list(shapes)
+        by_shape = self._first_positions(shape_list, self._masked)
+        index = {shape: k for k, shape in enumerate(shape_list)}
+        per_line: dict[int, dict[int, int]] = {}
+        for li, shape in enumerate(masked):
+            found = by_shape.get(index[shape])
+            if not found:
+                continue
+            real: list[tuple[str, int]] = []
+            for mlit, at in found.items():
+                for lit in self._masked[mlit]:
+                    # masking may have made it match (another number): the real line decides
+                    i = at if lit == mlit else lows[li].find(lit)
+                    if i >= 0:
+                        real.append((lit, i))
+            if real:
+                per_line[li] = self._by_rule(real)
+        return per_line
 
-def minimal_literals(literals: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """(the literals no other literal is inside, {literal: the longer ones containing it})."""
-    lits = sorted(set(literals), key=len)
-    minimal: list[str] = []
-    implied: dict[str, list[str]] = {}
-    for lit in lits:
-        inside = [m for m in minimal if m in lit]
-        if inside:
-            for m in inside:
-                implied.setdefault(m, []).append(lit)
-        else:
-            minimal.append(lit)
-    return minimal, implied
+    def _by_rule(self, found: Iterable[tuple[str, int]]) -> dict[int, int]:
+        slot: dict[int, int] = {}
+        for lit, at in found:
+            for ri in self.owners[lit]:
+                if ri not in slot or at < slot[ri]:
+                    slot[ri] = at
+        return slot
+
+    def _first_positions(self, texts: list[str], literals: Iterable[str]) -> dict[int, dict[str, int]]:
+        """text index -> {literal: its first position in that text}."""
+        starts: list[int] = []
+        pos = 0
+        for t in texts:
+            starts.append(pos)
+            pos += len(t) + 1
+        out: dict[int, dict[str, int]] = {}
+        for p, lit in self.positions("\n".join(texts), literals):
+            li = bisect.bisect_right(starts, p) - 1
+            out.setdefault(li, {}).setdefault(lit, p - starts[li])
+        return out
+
+
+_MASK_DIGITS = str.maketrans("0123456789", "0000000000")
 
 
 def _first_match(rule: Rule, text: str, low: str) -> re.Match[str] | None:
@@ -117,6 +157,9 @@ _NEW_THING = LazyRe(r"^(?:File \"|Traceback \(|During handling|The above excepti
                         r"\d{4}-\d\d-\d\d|\[rank\d|#\d+ |[-=*#|>]{2})")
 _ENDS_WORD = LazyRe(r"[A-Za-z0-9_]$")
 MAX_JOIN = 3
+# Up to this much text (a paste: a GitHub comment holds 64K characters) every line may
+# be a wrap's; in more, only the lines next to a rule's literal.
+PASTE_CHARS = 64 * 1024
 
 
 def wrap_width(lines: list[LogLine]) -> int | None:
@@ -132,13 +175,17 @@ def wrap_width(lines: list[LogLine]) -> int | None:
     return width if near >= 3 else None
 
 
-def wrap_joins(lines: list[LogLine]) -> list[LogLine]:
+def wrap_joins(lines: list[LogLine], near: set[int] | None = None) -> list[LogLine]:
     """The logical lines a hard wrap may have cut, joined again (each join twice: with a
     space, as a wrap at a space; and without, as a word split in two). They keep the
-    first line's number, so that evidence points at where the message starts."""
+    first line's number, so that evidence points at where the message starts. `near`:
+    only the joins that take in one of these line indices (None: every line)."""
     width = wrap_width(lines)
     out: list[LogLine] = []
-    for i in range(len(lines) - 1):
+    starts: range | list[int] = range(len(lines) - 1)
+    if near is not None:
+        starts = sorted({i for n in near for i in range(n - MAX_JOIN + 1, n + 1) if 0 <= i < len(lines) - 1})
+    for i in starts:
         group = [lines[i]]
         for j in range(i + 1, min(i + MAX_JOIN, len(lines))):
             a, b = group[-1], lines[j]
@@ -202,32 +249,20 @@ class LogMatcher:
         rule matched a line on its own, the line joined with the lines a hard wrap cut it
         from (a paste wrapped at a fixed width, a word split in two)."""
         by_rule: dict[int, list[Hit]] = {}
-        self._scan(lines, by_rule, set())
+        candidates = self._scan(lines, by_rule, set())
         hit_lines = {(ri, h.line.no) for ri, hs in by_rule.items() for h in hs}
-        joins = wrap_joins(lines)
+        # a paste is joined everywhere; a bigger text (a log, regions of one) only next to
+        # the lines that hold a rule's literal: rarely hard-wrapped, and twice the work
+        small = sum(len(ln.text) for ln in lines) <= PASTE_CHARS
+        joins = wrap_joins(lines, None if small else candidates)
         if joins:
             self._scan(joins, by_rule, hit_lines)
         return by_rule
 
-    def _scan(self, lines: list[LogLine], by_rule: dict[int, list[Hit]], skip: set[tuple[int, int]]) -> None:
+    def _scan(self, lines: list[LogLine], by_rule: dict[int, list[Hit]], skip: set[tuple[int, int]]) -> set[int]:
+        """Match each rule a line holds a literal of; the indices of those lines."""
         lows = [ln.text.lower() for ln in lines]
-        starts: list[int] = []
-        pos = 0
-        for low in lows:
-            starts.append(pos)
-            pos += len(low) + 1
-        joined = "\n".join(lows)
-        # line index -> {rule index: first literal position in the line}
-        per_line: dict[int, dict[int, int]] = {}
-        owners = self.index.owners
-        for p, lit in self.index.positions(joined):
-            li = bisect.bisect_right(starts, p) - 1
-            slot = per_line.setdefault(li, {})
-            at = p - starts[li]
-            for ri in owners[lit]:
-                if ri not in slot or at < slot[ri]:
-                    slot[ri] = at
-
+        per_line = self.index.candidates(lows)
         for li in sorted(per_line):
             ln = lines[li]
             for ri, at in sorted(per_line[li].items()):
@@ -242,6 +277,7 @@ class LogMatcher:
                 facts = {k: v for k, v in m.groupdict().items() if v is not None}
                 by_rule.setdefault(ri, []).append(Hit(ln, facts, _same_message(text[m.start():]),
                                                       text[m.start():m.start() + MAX_EVIDENCE_CHARS]))
+        return set(per_line)
 
     # -- findings -----------------------------------------------------------------------
 

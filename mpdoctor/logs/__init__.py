@@ -7,6 +7,11 @@ Rooms: `explain` (the entry points every face calls), `read` (opening, sniffing 
 encoding, whole or streamed), `regions` (the streaming scan and what it keeps),
 `prefilter` (what the scan must look for, built from the rules), `scan_hyperscan` and
 `scan_python` (the two literal scans, the same lines kept), `encoding` (text or not).
+
+A small input (a paste, a traceback, a log up to read.WHOLE_LIMIT) gets every repair for
+damaged pastes on every line: case folded, lines a hard wrap cut joined again, markdown
+and URL-encoding undone. A big log is scanned for what the rules say as written (a
+program wrote it), and the same repairs apply in the regions kept around each hit.
 """
 
 from __future__ import annotations

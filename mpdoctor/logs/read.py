@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 from .encoding import sniff_encoding
 
-WHOLE_LIMIT = 4 * 1024 * 1024  # read whole up to this size
+WHOLE_LIMIT = 1024 * 1024  # read whole up to this size: a paste, a traceback, a short log
 
 
 class InputError(Exception):

@@ -1,7 +1,9 @@
 """Streaming a big log and keeping the regions around what a rule could match.
 
 The literal scan uses Hyperscan when it is installed (it scans at memory speed) and a
-pure-Python trie scan when it is not; both keep the same lines, so the result is the same.
+pure-Python trie scan when it is not; both keep every line a rule's pattern could match as
+written, so the findings are the same. The log is scanned as written: the repairs for
+damaged pastes apply in the regions kept (the normaliser and the matcher run on them).
 Memory is bounded by what is kept, not by the log: a kept line costs about four times
 its bytes once normalised and matched, so the kept regions are capped at a few MB.
 """
@@ -9,10 +11,8 @@ its bytes once normalised and matched, so the kept regions are capped at a few M
 from __future__ import annotations
 
 import os
-import re
 from collections import deque
 
-from ..logtext import LazyRe
 from .prefilter import Prefilter
 
 CHUNK = 16 * 1024 * 1024  # read at a time: the scan is as fast, and memory stays low
@@ -20,27 +20,6 @@ LINES_BEFORE = 80  # the traceback above an error line
 LINES_AFTER = 40  # the message below a header or an error line
 HEAD_BUDGET = 1 * 1024 * 1024  # region bytes kept from the start of the log
 TAIL_BUDGET = 3 * 1024 * 1024  # ... and from its end (regions between are dropped, counted)
-
-
-_MARKUP = LazyRe(rb"\*\*|`")
-_PERCENT = LazyRe(rb"%(?!0[aAdD])([0-9A-Fa-f]{2})")
-# (the colon first: `re` then skips to each colon at memchr speed, where a pattern that
-# starts with lookbehinds is tried at every byte, ~150 ms per MB)
-_GLUED_COLON = LazyRe(rb":(?:(?<=rror:)|(?<=ception:)|(?<=arning:)|(?<=ailed:)|(?<=FAILED:)|(?<=ERROR:))(?=[A-Za-z])")
-
-
-def paste_view(buf: bytes) -> bytes:
-    """The chunk with the paste folds the normaliser applies to each line
-    (logtext.clean.fold_paste): markdown marks and backticks out, URL-encoding undone, a
-    glued colon spaced. Never removes a line break, so a line keeps its number."""
-    view = buf
-    if b"**" in view or b"`" in view:
-        view = _MARKUP.sub(b"", view)
-    if b"%" in view and _PERCENT.search(view):
-        view = _PERCENT.sub(lambda m: bytes([int(m.group(1), 16)]), view)
-    if b":" in view and _GLUED_COLON.search(view):
-        view = _GLUED_COLON.sub(b": ", view)
-    return view
 
 
 def literal_finder(spec: Prefilter):
@@ -80,51 +59,63 @@ class RegionScanner:
 
     def feed(self, data: bytes) -> None:
         self.total_bytes += len(data)
-        buf = self.carry + data
-        cut = buf.rfind(b"\n") + 1
-        if cut == 0:
-            if len(buf) < CHUNK:  # a very long line: wait for its end
-                self.carry = buf
+        start = 0
+        if self.carry:  # the line cut at the last chunk's end, completed first
+            nl = data.find(b"\n")
+            if nl < 0 and len(self.carry) + len(data) < CHUNK:  # a very long line: wait for its end
+                self.carry += data
                 return
-            cut = len(buf)
-        self._scan(buf[:cut])
-        self.carry = buf[cut:]
+            start = len(data) if nl < 0 else nl + 1
+            line, self.carry = self.carry + data[:start], b""
+            self._scan(line, 0, len(line))
+        cut = data.rfind(b"\n") + 1
+        if cut <= start:
+            if len(data) - start < CHUNK:
+                self.carry = data[start:]
+                return
+            cut = len(data)
+        self._scan(data, start, cut)  # the chunk itself, never a copy of it (16 MB a time)
+        self.carry = data[cut:]
 
     def finish(self) -> list[tuple[int, bytes]]:
         if self.carry:
-            self._scan(self.carry)
+            self._scan(self.carry, 0, len(self.carry))
             self.carry = b""
         regions = [(r[0], r[2]) for r in self.head] + [(r[0], r[2]) for r in self.tail]
         return regions
 
-    def _scan(self, buf: bytes) -> None:
+    def _scan(self, buf: bytes, begin: int, size: int) -> None:
+        """Keep the regions of the whole lines buf[begin:size]."""
         base = self.line_base
         spans: list[tuple[int, int]] = []
         if self.pending_after:
-            spans.append((0, _nth_newline_after(buf, 0, self.pending_after)))
-        end_wanted = 0
-        for pos in _positions_in(self.finder, buf):
+            spans.append((begin, _nth_newline_after(buf, begin, self.pending_after, size)))
+        end_wanted = begin
+        for pos in self.finder.positions(buf):
+            if pos >= size:
+                break
             if pos < end_wanted:
                 continue
-            start = _back_lines(buf, pos, LINES_BEFORE)
-            end = _nth_newline_after(buf, pos, LINES_AFTER)
+            start = _back_lines(buf, pos, LINES_BEFORE, begin)
+            end = _nth_newline_after(buf, pos, LINES_AFTER, size)
             spans.append((start, end))
             end_wanted = end
         # Lines still wanted after the buffer's end belong to the next one.
-        self.pending_after = LINES_AFTER if spans and spans[-1][1] >= len(buf) else 0
+        self.pending_after = LINES_AFTER if spans and spans[-1][1] >= size else 0
         merged: list[list[int]] = []
         for s, e in sorted(spans):
             if merged and s <= merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], e)
             else:
                 merged.append([s, e])
+        counted, newlines = begin, 0
         for s, e in merged:
-            first_no = base + buf.count(b"\n", 0, s) + 1
-            chunk = buf[s:e]
-            self._keep(first_no, chunk)
-        newlines = buf.count(b"\n")
+            newlines += buf.count(b"\n", counted, s)
+            counted = s
+            self._keep(base + newlines + 1, buf[s:e])
+        newlines += buf.count(b"\n", counted, size)
         self.line_base = base + newlines
-        self.line_count = self.line_base + (0 if buf.endswith(b"\n") else 1)
+        self.line_count = self.line_base + (0 if buf[size - 1:size] == b"\n" else 1)
 
     def _keep(self, first_no: int, data: bytes) -> None:
         """Keep a region: in the head while HEAD_BUDGET lasts (a region that does not fit
@@ -189,40 +180,22 @@ class RegionScanner:
                 self.dropped_bytes += cut
 
 
-def _positions_in(finder, buf: bytes) -> list[int]:
-    """The finder's hits over the chunk's paste view, as offsets into the chunk itself
-    (the view removes characters but no line break: a hit keeps its line)."""
-    view = paste_view(buf)
-    found = finder.positions(view)
-    if view is buf or not found:
-        return found
-    import bisect
-
-    view_lines = [m.start() for m in re.finditer(b"\n", view)]
-    buf_lines = [m.start() for m in re.finditer(b"\n", buf)]
-    out = []
-    for pos in found:
-        line = bisect.bisect_left(view_lines, pos)
-        out.append(buf_lines[line - 1] + 1 if line > 0 else 0)
-    return out
-
-
-def _back_lines(buf: bytes, pos: int, n: int) -> int:
+def _back_lines(buf: bytes, pos: int, n: int, begin: int) -> int:
     start = pos
     for _ in range(n + 1):
-        i = buf.rfind(b"\n", 0, start)
+        i = buf.rfind(b"\n", begin, start)
         if i < 0:
-            return 0
+            return begin
         start = i
     return start + 1
 
 
-def _nth_newline_after(buf: bytes, pos: int, n: int) -> int:
+def _nth_newline_after(buf: bytes, pos: int, n: int, size: int) -> int:
     end = pos
     for _ in range(n):
-        i = buf.find(b"\n", end)
+        i = buf.find(b"\n", end, size)
         if i < 0:
-            return len(buf)
+            return size
         end = i + 1
     return end
 

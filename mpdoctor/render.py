@@ -454,7 +454,7 @@ def _run_markdown(report: Report) -> list[str]:
     tail = [str(x) for x in extra.get("log_tail") or []]
     if tail:
         fence = _fence(tail)
-        out += ["", f"<details><summary>The last {len(tail)} lines of the output</summary>", "",
+        out += ["", f"<details><summary>The output's last lines ({len(tail)})</summary>", "",
                 fence + "text", *tail, fence, "", "</details>"]
     return out + [""]
 

@@ -254,7 +254,7 @@ def _replace_unencodable() -> None:
     mpdoctor stopping on a UnicodeEncodeError."""
     stream = sys.stdout
     try:
-        if stream is not None and stream.errors == "strict" and \
+        if stream is not None and stream.errors in ("strict", "surrogateescape") and \
                 stream.encoding.lower().replace("-", "").replace("_", "") != "utf8":
             stream.reconfigure(errors="replace")
     except (AttributeError, ValueError, LookupError):  # not a TextIOWrapper (a test's capture)

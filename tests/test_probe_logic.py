@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from mpdoctor.probe.recommend import recommend
-from mpdoctor.probe.rows import ModeRow, build_rows
 from mpdoctor.probe.report import ProbeReport, to_markdown
+from mpdoctor.probe.rows import ModeRow, build_rows
 from mpdoctor.probe.runner import ChildOutcome, ProbeOptions
 
 

@@ -15,17 +15,20 @@ DESCRIPTION = (
     "  mpdoctor probe\n  mpdoctor probe --modes no,bf16 --steps 30 --model mlp\n"
     "  mpdoctor probe --stress --format json   # fp16 headroom vs bf16\n"
     "  mpdoctor probe --model path/to/config.json --modes no,bf16 --max-batch\n"
+    "  mpdoctor probe --model ./my-model   # a save_pretrained folder\n"
     "  mpdoctor probe --model mypkg.models:make_model --batch-size 32\n\n"
-    "Each mode runs in its own process with a timeout; a mode that fails is\n"
+    "Each mode runs in its own process with a timeout; the timed steps come\n"
+    "in rounds, one mode after the other, until the speed-ups are stable (or\n"
+    "are said to be unreliable, with the range they fell in). A mode that fails is\n"
     "reported with its error explained by the rule base. A mode that did not\n"
     "really run (e.g. accelerate's fp16 on a CPU runs fp32) is flagged and gets no\n"
     "speed-up or memory saving."
 )
-EPILOG = ("exit status:\n  0  at least one mode trained\n  1  no mode trained\n  2  the arguments are wrong\n"
-          "  130  interrupted (Ctrl-C)\n" + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_SAVE_PROBE", "MPDOCTOR_PROBE_FAULT",
+EPILOG = ("exit status:\n  0  at least one mode trained\n  1  no mode trained\n  2  the arguments are wrong, or torch/accelerate are\n"
+          "     missing where the modes would run (see --python)\n  130  interrupted (Ctrl-C)\n" + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_SAVE_PROBE", "MPDOCTOR_PROBE_FAULT",
                                                   "MPDOCTOR_PROBE_MEMORY_LIMIT",
                                                   "MPDOCTOR_DEBUG", "NO_COLOR"))
-EXIT_OK, EXIT_NO_MODE_WORKS = 0, 1
+EXIT_OK, EXIT_NO_MODE_WORKS, EXIT_CANNOT_PROBE = 0, 1, 2
 
 
 def add_arguments(p: Any) -> None:
@@ -33,12 +36,16 @@ def add_arguments(p: Any) -> None:
 
     add_output_options(p, formats=("terminal", "json", "markdown"))
     p.add_argument("--modes", default="no,fp16,bf16,fp8", help="comma-separated modes out of no, fp16, bf16, fp8 (default: all four)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per mode (default 20, 5 of them warm-up; 8 and 3 with your own --model)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps per mode, exactly (default: 20, 5 of them warm-up, then more, "
+                        "timed in rounds with the other modes, until the speed-ups are stable, up to 60; "
+                        "8, 3 and 24 with your own --model)")
     p.add_argument("--model", default="transformer", metavar="SPEC",
                    help="the model: a built-in one (transformer (default), mlp, conv), your own as "
                         "package.module:factory or path/to/file.py[:factory] (a function returning the model, "
-                        "(model, batch) or (model, batch, loss_fn)), or a transformers config.json "
-                        "(built from the config, randomly initialised, nothing downloaded)")
+                        "(model, batch) or (model, batch, loss_fn)), a transformers config.json "
+                        "(built from the config, randomly initialised, nothing downloaded), or a "
+                        "save_pretrained folder (its config and weights, offline)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="default: 16 transformer, 64 mlp, 32 conv; 8 or the factory's batch for your model")
     p.add_argument("--seq-len", type=int, default=128, metavar="N",
@@ -78,11 +85,14 @@ def options_from_args(args: Namespace) -> Any:
             opts.memory_limit = parse_bytes(limit)
         except ValueError as exc:
             raise ValueError(f"--memory-limit: {exc}") from None
+    if opts.model_spec:
+        # a real model's step costs far more than the toy's: fewer, still past the
+        # warm-up, one step per mode and round, and longer for the rounds to settle
+        opts.steps, opts.warmup, opts.overhead_steps, opts.round_steps, opts.round_budget_s = 8, 3, 2, 1, 60.0
     if args.steps is not None:
-        opts.steps = args.steps
-    elif opts.model_spec:
-        # a real model's step costs far more than the toy's: fewer, still past the warm-up
-        opts.steps, opts.warmup, opts.overhead_steps = 8, 3, 2
+        # asked for: exactly that many, the timed ones one per mode and round
+        opts.steps = opts.max_steps = args.steps
+        opts.round_steps = 1
     if getattr(args, "timeout", None) is not None:
         opts.timeout_s = float(args.timeout)
     opts.validate()
@@ -102,8 +112,9 @@ def _torch_problem(args: Namespace, opts: Any) -> int | None:
             return fail(problem)
     missing = missing_modules(python)
     if missing:
+        # nothing can be judged here: the README's 2 (as check without torch), not "no mode trained"
         sys.stderr.write("mpdoctor: " + torch_missing_message(python, missing) + "\n")
-        return EXIT_NO_MODE_WORKS
+        return EXIT_CANNOT_PROBE
     if python:
         if hasattr(opts, "python"):
             opts.python = python

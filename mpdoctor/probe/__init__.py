@@ -12,12 +12,12 @@ import sys
 from typing import Any
 
 from .recommend import recommend
-from .rows import build_rows
 from .report import ProbeReport, _footer_lines, print_terminal, table_rows, to_markdown, to_text_lines
+from .rows import build_rows
 from .runner import MODES, Interrupted, ModelSpecFailed, ProbeOptions, Progress, run_modes
 
-__all__ = ["MODES", "Interrupted", "ModelSpecFailed", "ProbeOptions", "ProbeReport", "run_probe",
-           "run_probe_for_check", "run_probe_with_progress"]
+__all__ = ["MODES", "Interrupted", "ModelSpecFailed", "ProbeOptions", "ProbeReport", "print_terminal", "run_probe",
+           "run_probe_for_check", "run_probe_with_progress", "to_markdown"]
 
 
 def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeReport:
@@ -25,7 +25,9 @@ def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeRepo
     rows = build_rows(outcomes, opts)
     base = next((o.result for o in outcomes if o.mode == "no" and o.result), None)
     first = base or next((o.result for o in outcomes if o.result), None) or {}
-    options = {"modes": list(opts.modes), "steps": opts.steps, "warmup": min(opts.warmup, opts.steps - 1),
+    options = {"modes": list(opts.modes), "steps": opts.steps, "warmup": opts.warmup_steps,
+               "max_steps": opts.max_steps, "round_steps": opts.round_steps, "rounds": meta.get("rounds"),
+               "rounds_stable": meta.get("stable"), "rounds_s": meta.get("rounds_s"),
                "model": opts.model_name, "batch_size": opts.batch_size, "device": opts.device,
                "stress": opts.stress, "timeout_s": opts.timeout_s, "seed": opts.seed,
                "accelerate": first.get("accelerate"), "seq_len": opts.seq_len if opts.model_spec else None,

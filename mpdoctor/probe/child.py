@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import gc
 import json
-from array import array
 import os
 import statistics
 import sys
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +112,15 @@ class MemoryMeter:
 
 class CpuContention:
     """How much of the machine other processes used while this mode was timed:
-    /proc/stat's busy time minus our own, over the wall time of all CPUs. On a
-    shared 2-core box a neighbour's job can halve a mode's speed; the report says so."""
+    /proc/stat's busy time minus our own, over the wall time of all CPUs, summed over
+    the mode's own timed rounds only (between them the other modes' children run, and
+    they are not "others"). On a shared 2-core box a neighbour's job can halve a mode's
+    speed; the report says so."""
 
     def __init__(self) -> None:
-        self.start = self._read()
+        self.busy = self.ours = self.wall = 0.0
+        self._start: tuple[float, float, float] | None = None
+        self.ok = True
 
     @staticmethod
     def _read() -> tuple[float, float, float] | None:
@@ -130,15 +134,24 @@ class CpuContention:
         t = os.times()
         return (sum(ticks) - idle) / hz, t.user + t.system, time.monotonic()
 
-    def others_share(self) -> float | None:
+    def begin(self) -> None:
+        self._start = self._read()
+        self.ok = self.ok and self._start is not None
+
+    def end(self) -> None:
         end = self._read()
-        if self.start is None or end is None:
-            return None
-        busy, ours, wall = (e - s for e, s in zip(end, self.start))
+        if self._start is None or end is None:
+            self.ok = False
+            return
+        busy, ours, wall = (e - s for e, s in zip(end, self._start))
+        self.busy, self.ours, self.wall = self.busy + busy, self.ours + ours, self.wall + wall
+        self._start = None
+
+    def others_share(self) -> float | None:
         cpus = os.cpu_count() or 1
-        if wall <= 0:
+        if not self.ok or self.wall <= 0:
             return None
-        return max(0.0, min(1.0, (busy - ours) / (wall * cpus)))
+        return max(0.0, min(1.0, (self.busy - self.ours) / (self.wall * cpus)))
 
 
 def _device_facts(torch: Any, device: Any) -> dict[str, Any]:
@@ -228,9 +241,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             time.sleep(1)
     if "abort" in fault:
         os.abort()
-    import torch
-
     import accelerate
+    import torch
     from accelerate import Accelerator
 
     from .headroom import HeadroomMeter
@@ -329,7 +341,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         sync()
         return time.perf_counter() - t0, value
 
-    if native_fp16 is not None and scaler is None and steps > warmup + 2 and not spec.get("full_fp16_on_cpu"):
+    untimed = native_fp16 is not None and scaler is None and not spec.get("full_fp16_on_cpu")
+    if untimed and steps > warmup + 2:
         # accelerate's fp16 on this CPU trains fp32: the warm-up steps show it (the first
         # matmul, the scaler that is not there); the rest would time fp32 a second time.
         steps = warmup + 2
@@ -342,11 +355,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     contention = CpuContention()
     times: list[float] = []
     losses: list[float] = []
-    for i in range(steps):
+    rounds: list[list[float]] = []
+    round_started: list[float] = []
+
+    def one_step() -> float:
+        i = len(times)
         if i == warmup:
             observer.stop_watching()
             headroom.detach()
-            contention = CpuContention()  # the timed steps only
         if "nan" in fault and i == 2:
             first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
             with torch.no_grad():
@@ -361,6 +377,32 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         times.append(dt)
         losses.append(value)
         emit("step", step=i + 1, of=steps)
+        return dt
+
+    for _ in range(warmup):
+        one_step()
+    if not spec.get("driven") or untimed:
+        # the steps left, here and now (a mode that is not timed against the others)
+        contention.begin()
+        while len(times) < steps:
+            one_step()
+        contention.end()
+    if spec.get("driven"):
+        # The parent times the modes in rounds, one mode after the other: "run K" runs
+        # K steps and answers with their times; "finish" (or the parent gone) ends it.
+        emit("ready", timed=not untimed, steps=len(times))
+        while True:
+            line = sys.stdin.readline()
+            words = line.split()
+            if not words or words[0] != "run":
+                break
+            contention.begin()
+            round_started.append(time.monotonic())  # the system-wide clock: the parent can order the rounds
+            got = [one_step() for _ in range(max(1, int(words[1])))]
+            contention.end()
+            rounds.append(got)
+            emit("round", times=got)
+    steps = len(times)
     headroom.detach()
     peak = meter.peak()
     others = contention.others_share()
@@ -377,7 +419,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "mode": mode, "ok": True, "device": _device_facts(torch, device),
         "accelerate": accelerate.__version__, "accelerator_mixed_precision": accelerator.mixed_precision,
         "workload": describe, "steps": steps, "warmup": warmup,
-        "step_times_s": times, "step_time_s": statistics.median(times[warmup:] or times),
+        "step_times_s": times, "round_times_s": rounds, "round_started_s": round_started,
+        "step_time_s": (statistics.median(min(r) for r in rounds) if rounds
+                        else statistics.median(times[warmup:] or times)),
         "losses": losses, "final_loss": losses[-1] if losses else None,
         "peak_memory_bytes": peak, "memory_kind": meter.kind, "cpu_used_by_others": others,
         "max_rss_bytes": max(rusage_start or 0, _max_rss() or 0) or None,
@@ -390,21 +434,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result["max_memory_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
 
     if spec.get("measure_overhead"):
-        # What the watch costs: k steps with it attached again, then k bare, side by
-        # side after the run. Reported beside the timings.
-        k = int(spec.get("overhead_steps", 5))
-        again = attach(accelerator, model, watch="nowatch" not in fault, scaler=scaler)
-        with_watch = []
-        for j in range(k):
-            dt, value = train_step(batches[(steps + j) % len(batches)])
-            again.step_done(value)
-            with_watch.append(dt)
-        again.detach()
-        bare = [train_step(batches[(steps + k + j) % len(batches)])[0] for j in range(k)]
-        result["overhead"] = {"steps": k, "watched_median_s": statistics.median(with_watch),
-                              "bare_median_s": statistics.median(bare),
-                              "ratio": statistics.median(with_watch) / statistics.median(bare),
-                              "source": watched["source"]}
+        result["overhead"] = _overhead(spec, accelerator, model, fault, scaler, train_step, batches, steps)
 
     if native_fp16 is not None:
         result["torch_autocast_fp16"] = native_fp16
@@ -417,6 +447,57 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         del batches, eval_batch
         result["max_batch"] = _max_batch(spec, torch, device, work, model, train_step, to_device)
     return result
+
+
+def _overhead(spec: dict[str, Any], accelerator: Any, model: Any, fault: set[str], scaler: Any,
+              train_step: Any, batches: list[Any], steps: int) -> dict[str, Any]:
+    """What the watch costs, in pairs: a step with it attached (after one untimed step
+    that takes its first-step work) beside a bare step, alternating which goes first, so
+    a neighbour's burst lands on both alike. Pairs until the ratio's interval is narrow
+    or settled about "no overhead", at most twice the overhead steps."""
+    from .observe import attach
+    from .stability import figure
+
+    k = max(1, int(spec.get("overhead_steps", 5)))
+    watched: list[float] = []
+    bare: list[float] = []
+    ratios: list[float] = []
+    source = None
+    n = steps
+
+    def step() -> float:
+        nonlocal n
+        dt, value = train_step(batches[n % len(batches)])
+        n += 1
+        return dt
+
+    def with_watch() -> float:
+        nonlocal source
+        again = attach(accelerator, model, watch="nowatch" not in fault, scaler=scaler)
+        source = again.summary().get("source")
+        try:
+            step()  # its first step: the hooks' one-time work, not the steady cost
+            dt, value = train_step(batches[n % len(batches)])
+            again.step_done(value)
+            return dt
+        finally:
+            again.detach()
+
+    while len(ratios) < 2 * k:
+        if len(ratios) % 2 == 0:
+            w, b = with_watch(), step()
+        else:
+            b, w = step(), with_watch()
+        watched.append(w)
+        bare.append(b)
+        ratios.append(w / b if b > 0 else float("inf"))
+        fig = figure(ratios, (1.0,))
+        if len(ratios) >= k and (fig.precise or fig.settled):
+            break
+    fig = figure(ratios, (1.0,))
+    return {"steps": len(ratios), "watched_median_s": statistics.median(watched),
+            "bare_median_s": statistics.median(bare), "ratio": fig.value, "low": fig.low, "high": fig.high,
+            "reliable": fig.reliable and fig.value is not None, "source": source}
 
 
 def _max_rss() -> int | None:

@@ -56,8 +56,20 @@ class ProbeView:
 
     @property
     def speedup(self) -> float | None:
+        """The row's speed-up (paired round by round when timed in rounds); None when it
+        did not run as asked or its rounds did not make it reliable: a rule quotes
+        only a figure that holds."""
+        if not self.ran_as_requested:
+            return None
+        from .stability import SPEED_THRESHOLDS, figure, round_ratios
+
+        base_rounds = [min(t) for t in ((self.base or {}).get("round_times_s") or []) if t]
+        mine = [min(t) for t in (self.result.get("round_times_s") or []) if t]
+        if base_rounds and mine:
+            fig = figure(round_ratios(base_rounds, mine), SPEED_THRESHOLDS)
+            return fig.value if fig.reliable else None
         b, t = (self.base or {}).get("step_time_s"), self.result.get("step_time_s")
-        return b / t if b and t and self.ran_as_requested else None
+        return b / t if b and t else None
 
 
 def probe_evidence(mode: str, result: dict[str, Any], base: dict[str, Any] | None,

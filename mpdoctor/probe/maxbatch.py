@@ -15,7 +15,6 @@ not the kernel's OOM killer. The mode's own measurements run before the cap.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from typing import Any, Callable
 

@@ -8,7 +8,6 @@ from typing import Any
 from .checks import MAX_SKIPPED_FRACTION
 from .rows import BUSY_SHARE, MAX_LOSS_REL_DIFF, MAX_SPREAD, MIN_MEMORY_SAVING, MIN_SPEEDUP, ModeRow
 
-
 PREFERENCE = {"bf16": 0, "fp16": 1, "fp8": 2}  # on a near tie: no scaler, fp32's range
 
 
@@ -31,7 +30,9 @@ def _percent(v: float) -> str:
 
 def _gain_words(r: ModeRow) -> str:
     parts = []
-    if r.speedup is not None:
+    if r.speedup is not None and r.speedup_reliable is False:
+        parts.append(f"speed-up unreliable ({speedup_range(r)})")
+    elif r.speedup is not None:
         parts.append(f"{r.speedup:.2f}× faster than fp32" if r.speedup >= 1 else
                      f"{r.speedup:.2f}× the speed of fp32")
     if r.memory_saving is not None:
@@ -40,6 +41,19 @@ def _gain_words(r: ModeRow) -> str:
     if r.loss_rel_diff is not None:
         parts.append(f"loss within {_percent(r.loss_rel_diff)}")
     return ", ".join(parts)
+
+
+def speedup_range(r: ModeRow) -> str:
+    """An unreliable speed-up as what it is: the interval it fell in ("0.54×–18.2×")."""
+    n = r.rounds or 0
+    if r.speedup_low is None or r.speedup_high is None or n <= 1:
+        return f"{n} timed round" + ("" if n == 1 else "s")
+    span = f"{_x(r.speedup_low)}–{_x(r.speedup_high)}"
+    return span if n >= 5 else f"{span} over {n} rounds"
+
+
+def _x(v: float) -> str:
+    return f"{v:.3g}×"
 
 
 def _why_not(r: ModeRow) -> str:
@@ -55,7 +69,19 @@ def _why_not(r: ModeRow) -> str:
 
 
 def timing_noise(r: ModeRow) -> str | None:
-    """Why this row's step time cannot be trusted, if it cannot."""
+    """Why this row's speed-up cannot be trusted, if it cannot. Timed in paired rounds,
+    its interval says (a busy machine whose load is steady still gives a narrow one);
+    otherwise the CPU's load and the spread of its step times. A row with no speed-up
+    (a mode that did not run as asked) claims nothing to be unreliable about."""
+    if r.speedup is None and r.speedup_reliable is None:
+        return None
+    if r.speedup_reliable is False:
+        if r.speedup_low is None or r.speedup_high is None or (r.rounds or 0) < 5:
+            n = r.rounds or 0
+            return f"only {n} timed round{'' if n == 1 else 's'}, too few to judge"
+        return f"its speed-up over fp32 ranged {speedup_range(r)} over {r.rounds} rounds"
+    if r.speedup_reliable is True:
+        return None
     if (r.cpu_used_by_others or 0) > BUSY_SHARE:
         return f"other processes used {r.cpu_used_by_others:.0%} of the CPUs"
     if (r.step_time_spread or 0) > MAX_SPREAD:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..findings import Finding, Report, rank_findings
 from ..knowledge.units import gib
-from .recommend import timing_noise
+from .recommend import speedup_range, timing_noise
 from .rows import BUSY_SHARE, ModeRow
 
 
@@ -50,6 +50,9 @@ class ProbeReport:
 def _x(v: float | None, row: ModeRow) -> str:
     if row.ok and not row.ran_as_requested and row.mode != "no":
         return "n/a"
+    if v is not None and row.speedup_reliable is False:
+        # never a plain number: the interval it fell in, or how few rounds there were
+        return f"unreliable ({speedup_range(row)})"
     return "–" if v is None else f"{v:.2f}×"
 
 
@@ -71,6 +74,8 @@ def _time(row: ModeRow) -> str:
     if row.step_time_s is None:
         return "–"
     s = f"{row.step_time_s * 1000:.1f} ms"
+    if row.step_time_reliable is False:
+        s = "~" + s
     if row.step_time_spread is not None:
         s += f" ±{row.step_time_spread / 2:.0%}"
     return s
@@ -148,17 +153,20 @@ def table_rows(report: ProbeReport) -> tuple[list[str], list[list[str]]]:
 
 
 def _footer_lines(report: ProbeReport) -> list[str]:
+    """The lines under the table, each one logical line (the faces wrap them: a `code
+    span` is never cut)."""
     lines = []
     rec = report.recommendation
     if rec.get("mode"):
         lines.append(f"Recommendation: {rec['reason']}")
         cfg = rec.get("config") or {}
-        lines.append(f"  accelerate config: {cfg.get('accelerate_config')}   code: {cfg.get('code')}")
+        lines.append(f"  accelerate config: `{cfg.get('accelerate_config')}`")
+        lines.append(f"  code: `{cfg.get('code')}`")
     else:
         lines.append(f"Recommendation: none — {rec.get('reason')}")
     alt = rec.get("if_memory_bound")
     if alt:
-        lines.append(f"  If memory is your limit: {alt['reason']} → {alt['config']['accelerate_config']}")
+        lines.append(f"  If memory is your limit: {alt['reason']} → `{alt['config']['accelerate_config']}`")
     if rec.get("batch"):
         lines.append(f"  Largest batch that trains: {rec['batch']}{_cap_words(report)}")
     lines += _headroom_lines(report)
@@ -169,22 +177,7 @@ def _footer_lines(report: ProbeReport) -> list[str]:
             lines.append(f"{r.mode}: {r.note}")
         if r.ok and (r.max_batch_search or {}).get("error"):
             lines.append(f"{r.mode}: --max-batch found no answer: {r.max_batch_search['error']}")
-    busy = [r for r in report.rows if r.cpu_used_by_others is not None and r.cpu_used_by_others > BUSY_SHARE]
-    if busy:
-        worst = max(r.cpu_used_by_others or 0 for r in busy)
-        lines.append(f"Timings are unreliable: other processes used up to {worst:.0%} of the CPUs while "
-                     f"{', '.join(r.mode for r in busy)} ran. Run the probe on an idle machine.")
-    elif any(timing_noise(r) for r in report.rows if r.ok):
-        lines.append("Timings are unreliable: " + "; ".join(f"{r.mode}: {timing_noise(r)}" for r in report.rows
-                                                          if r.ok and timing_noise(r)) + ".")
-    oh = report.overhead
-    if oh:
-        noisy = any(r.mode == "no" for r in busy)
-        lines.append(f"Instrumentation overhead: {oh['ratio']:.2f}× step time ({oh['source']}; "
-                     f"{oh['steps']} steps with vs without it in the fp32 child"
-                     + ("; unreliable, the machine was busy" if noisy else "")
-                     + "). It watches each mode's warm-up steps; the timed steps run without it, so the "
-                     "speed-ups compare precisions, not instrumentation.")
+    lines += _timing_lines(report)
     d, w = report.device, report.workload
     if d:
         extra = f", {d.get('threads')} threads" if d.get("threads") else ""
@@ -196,10 +189,54 @@ def _footer_lines(report: ProbeReport) -> list[str]:
         if w.get("spec") and w.get("spec") != name:
             name = f"{name} from {w['spec']}"
         lines.append(f"Model: {name} ({w.get('parameters', 0):,} parameters, batch {w.get('batch_size')}), "
-                     f"{report.options.get('steps')} steps per mode, median after {report.options.get('warmup')} "
-                     f"warm-up steps; memory: {_memory_kind(report)}; wall time {report.wall_s:.1f} s")
+                     f"{_steps_words(report)}; memory: {_memory_kind(report)}; wall time {report.wall_s:.1f} s")
         if w.get("spec"):
             lines.append(f"Batch: {w.get('batch')}; loss: {w.get('loss')}")
+    return lines
+
+
+def _steps_words(report: ProbeReport) -> str:
+    o = report.options
+    rounds = o.get("rounds")
+    if not rounds:
+        return f"{o.get('steps')} steps per mode, median after {o.get('warmup')} warm-up steps"
+    k = o.get("round_steps") or 1
+    each = f"{k} steps per mode, the fastest counted" if k > 1 else "1 step per mode"
+    return (f"{o.get('warmup')} warm-up steps, then {rounds} timed round{'' if rounds == 1 else 's'} of {each} "
+            "(the modes in turn)")
+
+
+def _timing_lines(report: ProbeReport) -> list[str]:
+    """Whether the timings can be trusted, why not, and what the instrumentation costs:
+    a figure that cannot be trusted is given as the range it fell in, never alone."""
+    lines = []
+    ok = [r for r in report.rows if r.ok]
+    noisy = [(r, timing_noise(r)) for r in ok if timing_noise(r)]
+    busy = [r for r in ok if r.cpu_used_by_others is not None and r.cpu_used_by_others > BUSY_SHARE]
+    worst = max((r.cpu_used_by_others or 0 for r in busy), default=0)
+    if noisy:
+        lines.append("Timings are unreliable: " + "; ".join(f"{r.mode}: {why}" for r, why in noisy)
+                     + (f" (other processes used up to {worst:.0%} of the CPUs)" if busy else "")
+                     + ". Run the probe on an idle machine for a speed verdict.")
+    elif busy and report.options.get("rounds"):
+        lines.append(f"Other processes used up to {worst:.0%} of the CPUs while {', '.join(r.mode for r in busy)} "
+                     "ran; the modes were timed in turn, round by round, and their speed-ups held steady.")
+    oh = report.overhead
+    if oh and oh.get("ratio") is not None:
+        if "reliable" in oh:
+            reliable = bool(oh.get("reliable"))
+            how = f"{oh['steps']} pairs of steps with and without it in the fp32 child"
+        else:  # an older result: k steps with, then k without
+            reliable = not any(r.mode == "no" for r in busy)
+            how = f"{oh['steps']} steps with vs without it in the fp32 child"
+        if reliable:
+            figure = f"{oh['ratio']:.2f}× step time ({oh.get('source')}; {how})"
+        elif oh.get("low") is not None and oh.get("high") is not None:
+            figure = f"unreliable ({oh['low']:.3g}×–{oh['high']:.3g}× step time; {oh.get('source')}; {how})"
+        else:
+            figure = f"unreliable ({oh.get('source')}; {how}; the machine was busy)"
+        lines.append(f"Instrumentation overhead: {figure}. It watches each mode's warm-up steps; the timed "
+                     "steps run without it, so the speed-ups compare precisions, not instrumentation.")
     return lines
 
 
@@ -248,62 +285,65 @@ def _memory_kind(report: ProbeReport) -> str:
     return ", ".join(names.get(k, k) for k in sorted(kinds)) or "not measured"
 
 
-def to_text_lines(report: ProbeReport) -> list[str]:
-    """The table in plain fixed-width text, then the footer: for reports that embed the
-    probe (check --probe prints these lines as they are)."""
+RIGHT = frozenset(c for c in COLUMNS + ["peak activation", "max batch"]
+                  if c not in ("mode", "works", "autocast", "loss scaler"))
+
+
+def _table(cols: list[str], body: list[list[str]], width: int) -> list[str]:
+    """The one table renderer every face uses (render.table_lines): a plain table when
+    it fits, else one column per mode, else stacked; no cell cut, no trailing space."""
+    from ..render import table_lines
+
+    try:
+        return table_lines(cols, body, width, right=RIGHT, transpose=True)
+    except TypeError:  # a render without the column-per-mode layout
+        return table_lines(cols, body, width, right=RIGHT)
+
+
+def to_text_lines(report: ProbeReport, width: int = 80) -> list[str]:
+    """The table and the footer as plain text within `width` columns (a `code span`,
+    a URL or a path longer than that on a line of its own): for reports that embed
+    the probe, and the terminal face."""
+    from ..render import wrap
+
     cols, body = table_rows(report)
-    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    lines = [fmt.format(*cols).rstrip(), fmt.format(*("-" * w for w in widths))]
-    lines += [fmt.format(*cells).rstrip() for cells in body]
-    return lines + _footer_lines(report)
+    lines = _table(cols, body, width)
+    for line in _footer_lines(report):
+        text = line.lstrip()
+        indent = len(line) - len(text)
+        lines += wrap(text, width, indent=indent, first="", rest="  ")
+    return lines
 
 
 def to_markdown(report: ProbeReport, heading: str = "mpdoctor probe", findings: bool = True) -> str:
+    from ..render import markdown_table
     from ..render import to_markdown as findings_markdown
 
     cols, body = table_rows(report)
-    out = [f"## {heading}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for cells in body:
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    out.append("")
+    out = [f"## {heading}", ""] + markdown_table(cols, body) + [""]
     for line in _footer_lines(report):
-        out.append(line.replace("  ", "", 1) if line.startswith("  ") else line)
-        out.append("")
+        out += [line.strip(), ""]  # a paragraph each; never indented into a code block
     if findings and report.findings:
         out.append(findings_markdown(Report(findings=report.findings), heading="Findings").replace("## Findings", "### Findings", 1))
     return "\n".join(out)
 
 
 def print_terminal(report: ProbeReport, console: Any, findings: bool = True) -> None:
-    from rich.markup import escape
-    from rich.table import Table
     from rich.text import Text
 
     from ..render import print_terminal as print_findings
 
-    cols, body = table_rows(report)
-    # One row per mode when it fits; on a narrow terminal (80 columns) one column per
-    # mode instead, so no cell is cut to "…".
-    wide = sum(max(len(c), *(len(r[i]) for r in body)) + 3 for i, c in enumerate(cols)) + 1
-    if wide <= console.width or not body:
-        table = Table(title="mpdoctor probe", title_justify="left")
-        for c in cols:
-            table.add_column(c, justify="right" if c not in ("mode", "works", "autocast", "loss scaler") else "left")
-        for r, cells in zip(report.rows, body):
-            style = "red" if not r.ok else ("yellow" if r.mode != "no" and not r.ran_as_requested else None)
-            table.add_row(*[escape(c) for c in cells], style=style)
-    else:
-        table = Table(title="mpdoctor probe", title_justify="left")
-        table.add_column("")
-        for r, cells in zip(report.rows, body):
-            style = "red" if not r.ok else ("yellow" if r.mode != "no" and not r.ran_as_requested else None)
-            table.add_column(escape(cells[0]), justify="right", header_style=style or "bold")
-        for i, c in enumerate(cols[1:], start=1):
-            table.add_row(escape(c), *[escape(cells[i]) for cells in body])
-    console.print(table)
-    for line in _footer_lines(report):
-        console.print(Text(line, style="bold green" if line.startswith("Recommendation") else None))
+    try:
+        width = max(40, int(console.width))
+    except (TypeError, ValueError, AttributeError):
+        width = 80
+
+    def say(line: str, style: str | None = None) -> None:  # exactly as given: no wrap, crop or padding
+        console.print(Text(line, style=style, no_wrap=True, overflow="ignore", end="\n"), soft_wrap=True, crop=False)
+
+    say("mpdoctor probe", "bold")
+    for line in to_text_lines(report, width):
+        say(line, "bold green" if line.startswith("Recommendation") else None)
     if findings and report.findings:
         console.print()
         print_findings(Report(findings=report.findings), console)

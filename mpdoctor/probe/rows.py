@@ -17,19 +17,21 @@ from typing import Any
 
 from ..findings import Finding
 from ..knowledge.signals import signal_name
-from .evidence import EXPECTED_DTYPE, FP16_MAX, probe_evidence
+from .evidence import EXPECTED_DTYPE, probe_evidence
 from .runner import ChildOutcome, ProbeOptions
+from .stability import MIN_SPEEDUP, RELIABLE, SPEED_THRESHOLDS, figure, median_interval, round_ratios
+
+__all__ = ["MIN_SPEEDUP", "ModeRow", "build_rows"]
 
 BF16_MAX = 3.3895313892515355e38
 # Below these a difference is within what two identical fp32 runs differ by here.
-MIN_SPEEDUP = 1.10
 MIN_MEMORY_SAVING = 0.10
 MAX_LOSS_REL_DIFF = 0.02
-# Other processes' share of the CPUs during a mode's timing above which its timings
-# are called unreliable.
+# Other processes' share of the CPUs during a mode's timing above which the report
+# says so (and, for timings not made in paired rounds, calls them unreliable).
 BUSY_SHARE = 0.15
-# A mode whose step times' interquartile range exceeds this share of their median was
-# timed in noise (the CPU's frequency, a neighbour's burst), not in its precision.
+# Timings not made in rounds (an older result): a mode whose step times' interquartile
+# range exceeds this share of their median was timed in noise, not in its precision.
 MAX_SPREAD = 0.5
 
 
@@ -42,7 +44,14 @@ class ModeRow:
     ran_as_requested: bool | None = None
     step_time_s: float | None = None
     step_time_spread: float | None = None
+    step_time_reliable: bool | None = None
     speedup: float | None = None
+    # the speed-up's interval over the timed rounds (probe/stability.py) and whether it
+    # can be trusted; an unreliable speed-up is shown as its interval, never as a number
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    speedup_reliable: bool | None = None
+    rounds: int | None = None
     peak_memory_bytes: int | None = None
     memory_kind: str | None = None
     memory_saving: float | None = None
@@ -167,9 +176,18 @@ def _fill_measured(row: ModeRow, res: dict[str, Any], base: dict[str, Any] | Non
         row.ran_as_requested = res.get("fp8_modules", 0) > 0
     else:
         row.ran_as_requested = row.autocast_dtype == EXPECTED_DTYPE[row.mode]
-    times = res.get("step_times_s", [])[res.get("warmup", 0):]
-    row.step_time_s = res.get("step_time_s")
-    row.step_time_spread = _spread(times)
+    rounds = [min(t) for t in (res.get("round_times_s") or []) if t]
+    if rounds:
+        row.rounds = len(rounds)
+        row.step_time_s = statistics.median(rounds)
+        ci = median_interval(rounds)
+        row.step_time_spread = (ci[1] - ci[0]) / row.step_time_s if ci and row.step_time_s else None
+        row.step_time_reliable = ci is not None and ci[1] / ci[0] <= RELIABLE
+    else:
+        times = res.get("step_times_s", [])[res.get("warmup", 0):]
+        row.step_time_s = res.get("step_time_s")
+        row.step_time_spread = _spread(times)
+        row.step_time_reliable = row.step_time_spread is not None and row.step_time_spread <= MAX_SPREAD
     row.peak_memory_bytes = res.get("peak_memory_bytes")
     row.memory_kind = res.get("memory_kind")
     row.final_loss = res.get("final_loss")
@@ -194,8 +212,17 @@ def _fill_measured(row: ModeRow, res: dict[str, Any], base: dict[str, Any] | Non
     if base is None:
         return
     real = row.ran_as_requested or row.mode == "no"
-    if real and row.step_time_s and base.get("step_time_s"):
+    base_rounds = [min(t) for t in (base.get("round_times_s") or []) if t]
+    if real and row.mode == "no":
+        row.speedup, row.speedup_reliable = 1.0, (True if rounds else None)
+    elif real and rounds and base_rounds:
+        # paired round by round: both timed within moments of each other
+        fig = figure(round_ratios(base_rounds, rounds), SPEED_THRESHOLDS)
+        row.speedup, row.speedup_low, row.speedup_high = fig.value, fig.low, fig.high
+        row.speedup_reliable = fig.reliable
+    elif real and row.step_time_s and base.get("step_time_s"):
         row.speedup = base["step_time_s"] / row.step_time_s
+        row.speedup_reliable = None  # not made in rounds: judged by its spread and the CPU's load
     if (real and row.peak_memory_bytes and base.get("peak_memory_bytes")
             and res.get("memory_kind") == base.get("memory_kind")):
         row.memory_saving = 1.0 - row.peak_memory_bytes / base["peak_memory_bytes"]

@@ -8,7 +8,9 @@ A SPEC is one of:
 - ``path/to/file.py:factory``, or ``path/to/file.py`` alone (its ``make_model``,
   ``build_model``, ``create_model``, ``get_model`` or ``model``);
 - a transformers ``config.json`` (the model is built from it, randomly initialised,
-  with the Hub offline: nothing is downloaded).
+  with the Hub offline: nothing is downloaded);
+- a ``save_pretrained`` folder (``config.json`` and, if present, the weights beside
+  it: the model is loaded from the folder with its trained weights, offline).
 
 The factory returns the model, or ``(model, batch)``, or ``(model, batch, loss_fn)``; a
 batch is a tensor, a tuple/list of positional inputs, or a dict of keyword inputs;
@@ -36,12 +38,15 @@ class ModelSpecError(ValueError):
 
 
 def parse_model_spec(text: str) -> dict[str, Any]:
-    """The SPEC as the child needs it: {"kind": "builtin"|"config"|"file"|"module", ...}."""
+    """The SPEC as the child needs it: {"kind": "builtin"|"config"|"pretrained"|"file"|"module", ...}."""
     text = (text or "").strip()
     if not text:
         raise ModelSpecError("--model: empty SPEC")
     if text in BUILTIN:
         return {"kind": "builtin", "name": text, "spec": text}
+    folder = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(folder):
+        return _folder_spec(text, folder)
     path, _, factory = text, "", ""
     # `C:\x\m.py:make` on Windows has two colons: the factory is after the last one.
     if ":" in text and not text.endswith((".py", ".json")):
@@ -57,7 +62,8 @@ def parse_model_spec(text: str) -> dict[str, Any]:
         return {"kind": "file", "path": full, "factory": factory or None, "spec": text}
     if not factory:
         raise ModelSpecError(f"--model {text}: not a built-in model ({', '.join(BUILTIN)}), a "
-                             "package.module:factory, a path/to/file.py[:factory] or a config.json")
+                             "package.module:factory, a path/to/file.py[:factory], a config.json or a "
+                             "`save_pretrained` folder")
     if not _DOTTED.match(path):
         raise ModelSpecError(f"--model {text}: {path!r} is not a module name")
     top = path.split(".", 1)[0]
@@ -99,6 +105,22 @@ def _config_spec(text: str, path: str) -> dict[str, Any]:
         raise ModelSpecError(f"--model {text}: a config.json needs transformers, which is not installed here")
     return {"kind": "config", "path": full, "model_type": data.get("model_type"),
             "architectures": data.get("architectures"), "spec": text}
+
+
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _folder_spec(text: str, folder: str) -> dict[str, Any]:
+    """A folder made by `save_pretrained` (the Hugging Face convention): its config.json,
+    and its weights when they are there (loaded, so the activations are the trained
+    model's; without weights the model is built from the config)."""
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise ModelSpecError(f"--model {text}: the folder {text!r} has no config.json (a `save_pretrained` "
+                             "folder has one)")
+    spec = _config_spec(text, os.path.join(folder, "config.json"))
+    weights = [w for w in WEIGHTS if os.path.isfile(os.path.join(folder, w))]
+    spec.update(kind="pretrained" if weights else "config", folder=folder, weights=weights[0] if weights else None)
+    return spec
 
 
 def describe_spec(spec: dict[str, Any]) -> str:

@@ -320,21 +320,30 @@ def _from_config(spec: dict[str, Any], batch_size: int | None, seq_len: int, see
         eos = getattr(config, "eos_token_id", None)
         config.pad_token_id = (eos[0] if isinstance(eos, list) and eos else eos) or 0
     torch.manual_seed(seed)
+    folder = spec.get("folder") if spec.get("kind") == "pretrained" else None
+
+    def build(cls: Any) -> Any:
+        if folder is None:
+            return cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
+        # the folder's own weights, in fp32: mixed precision keeps fp32 master weights
+        # whatever dtype they were saved in
+        return cls.from_pretrained(folder, config=config, local_files_only=True, **{_dtype_kw(transformers): torch.float32})
+
     model, tried = None, []
     for arch in data.get("architectures") or []:
         cls = getattr(transformers, str(arch), None)
         if cls is not None:
             try:
-                model = cls._from_config(config)
+                model = build(cls)
                 break
             except Exception as exc:
                 tried.append(f"{arch}: {type(exc).__name__}: {str(exc)[:200]}")
     if model is None:
         for auto in _AUTO_ORDER:
             try:
-                model = getattr(transformers, auto).from_config(config)
+                model = build(getattr(transformers, auto))
                 break
-            except (ValueError, KeyError, AttributeError) as exc:
+            except (ValueError, KeyError, AttributeError, OSError) as exc:
                 tried.append(f"{auto}: {str(exc)[:120]}")
     if model is None:
         raise ModelLoadError("transformers builds no model from this config (" + "; ".join(tried[-3:]) + ")")
@@ -386,14 +395,25 @@ def _from_config(spec: dict[str, Any], batch_size: int | None, seq_len: int, see
         how += ", labels = input_ids"
     elif "labels" in params and classifier:
         how += f", random labels in [0, {num_labels})"
+    if folder is not None:
+        how += f"; weights from {spec.get('weights')}"
     describe = {"model": cls_name, "spec": spec["spec"], "model_type": data.get("model_type"),
                 "batch_size": bs, "batch": how, "seq_len": None if vision else seq}
     return UserWorkload(model, make, bs, None, describe)
 
 
+def _dtype_kw(transformers: Any) -> str:
+    """from_pretrained's dtype argument: `dtype` since transformers 4.56, `torch_dtype` before."""
+    try:
+        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    except ValueError:
+        return "dtype"
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
 def load(spec: dict[str, Any], batch_size: int | None, seq_len: int, seed: int) -> UserWorkload:
     try:
-        if spec["kind"] == "config":
+        if spec["kind"] in ("config", "pretrained"):
             work = _from_config(spec, batch_size, seq_len, seed)
         else:
             work = _from_factory(spec, batch_size, seq_len, seed)

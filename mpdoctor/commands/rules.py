@@ -256,17 +256,17 @@ def _rules_test(rules: list[Rule], args: Namespace) -> int:
     results = run_selftest(rules, case_runners(), only)
     failed = [r for r in results if not r.ok]
     tested = len({r.rule for r in results})
-    cases = [r for r in results if r.kind != "sentence"]
+    cases = [r for r in results if r.kind not in ("sentence", "pattern")]  # coverage checks are no cases
     failed_cases = [r for r in cases if not r.ok]
     unsaid = [r for r in results if r.kind == "sentence" and not r.ok]
     if args.format == "json":
         _write_json({"schema": "mpdoctor.rules-test/1", "rules": tested, "cases": len(cases), "failed": [
-            {"rule": r.rule, "case": f"{r.kind}[{r.index}]" if r.kind != "sentence" else "sentences",
+            {"rule": r.rule, "case": f"{r.kind}[{r.index}]" if r.kind not in ("sentence", "pattern") else r.kind + "s",
              "message": r.message} for r in failed]})
     else:
         lines = []
         for r in failed:
-            case = f"{r.kind}[{r.index}]" if r.kind != "sentence" else "sentences"
+            case = f"{r.kind}[{r.index}]" if r.kind not in ("sentence", "pattern") else r.kind + "s"
             lines.append(f"FAIL {r.rule} {case}: {r.message}")
         summary = f"{tested} rules, {len(cases)} cases: {len(cases) - len(failed_cases)} passed, {len(failed_cases)} failed"
         if unsaid:

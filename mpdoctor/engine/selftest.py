@@ -179,7 +179,7 @@ def run_selftest(rules: list[Rule], runners: dict[str, CaseRunner], only: list[R
                 "" if not missing else
                 f"no example renders {', '.join(missing)}: add an example whose evidence has the facts, "
                 "or say why none can under [unrendered]"))
-        if rule.kind == "log":
+        if sentences and rule.kind == "log":  # coverage: of the sentences, and of the patterns
             try:
                 unmatched, stale = unexercised_patterns(rule, rules)
             except (OSError, RuleError) as exc:  # an unreadable example or rule file

@@ -331,7 +331,7 @@ _BARE_KEY = _Lazy(r"[A-Za-z0-9_-]{20,}")
 # where a clip (`…`) cut a secret before the part that marks it: a URL's credentials cut
 # before their `@`, a token cut short of its full length
 _CLIPPED = _Lazy(
-    r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<cred>[^/\s?#\"'<>@…]+)(?=…)"
+    r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<cred>[^/\s?#\"'<>@…]+)(?P<end>…|\Z)"
     r"|(?P<token>(?<![A-Za-z0-9])(?:hf_|api_org_|gh[pousr]_|github_pat_|sk-|[rs]k_(?:live|test)_|xox[abposr]-|xapp-|"
     r"AKIA|ASIA|AIza|glpat-|pypi-|npm_|eyJ|r8_|gsk_)[A-Za-z0-9_.-]*)(?=…)"
 )
@@ -339,7 +339,13 @@ _KEY_BLOCK_OPEN = _Lazy(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----(
 
 
 def _sub_clipped(m: re.Match) -> str:
-    return m.group("scheme") + REDACTED if m.group("scheme") else REDACTED
+    if not m.group("scheme"):
+        return REDACTED
+    # cut without a mark (`text[:300]` somewhere): `https://host:8080` is a port, `user:pass` is not
+    cred = m.group("cred")
+    if not m.group("end") and (":" not in cred or cred.rsplit(":", 1)[1].isdigit()):
+        return m.group(0)
+    return m.group("scheme") + REDACTED + m.group("end")
 
 
 def _open_key_blocks(text: str) -> str:
@@ -402,7 +408,7 @@ def redact_text(text: str) -> str:
         text = _NETRC.sub(lambda m: m.group(0)[: m.start("val") - m.start()] + REDACTED, text)
     if low is None or "login" in low:
         text = _LOGIN_CALL.sub(_sub_login_call, text)
-    if "…" in text:
+    if "…" in text or "://" in text:
         text = _CLIPPED.sub(_sub_clipped, text)
     if "PRIVATE KEY" in text:
         text = _open_key_blocks(text)

@@ -488,6 +488,9 @@ def test_the_url_whose_at_falls_past_the_cut():
     out = clip(line, 400)
     assert len(out) == 400 and "Sup3rS3cret" not in out and out.endswith("…")
     assert "https://<redacted>" in redact_text("see https://ana:Sup3rS3cret…")  # already cut by someone else
+    # cut without a mark (a `[:300]` elsewhere): a password is not a port
+    assert "Sup3rS3cret" not in redact_text("RuntimeError: cannot clone https://ana:Sup3rS3cret")
+    assert redact_text("listening on http://localhost:8080") == "listening on http://localhost:8080"
 
 
 @pytest.mark.parametrize("text, secret", [

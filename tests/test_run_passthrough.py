@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpdoctor.run.wrapper import OutputTail
+from mpdoctor.run.tail import OutputTail
 
 PY = sys.executable
 MPDOCTOR = [PY, "-m", "mpdoctor", "run"]

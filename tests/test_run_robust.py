@@ -337,3 +337,20 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_the_run(where: s
     assert p.returncode == 2 and p.stdout == b""
     assert p.stderr.count(b"\n") == 1 and b"cannot write the report" in p.stderr
     assert not marker.exists()  # nothing was started
+
+
+# ---- signal dispositions the child inherits ----------------------------------------------
+def test_the_child_inherits_the_signal_dispositions_of_a_bare_run() -> None:
+    # `nohup mpdoctor run -- train`: SIGHUP ignored when we start stays ignored in the
+    # child (and a hangup is not forwarded to it); the terminal signals the wrapper
+    # ignores for itself (TTIN, TTOU) are at their default in the child, as bare
+    code = ("import signal\n"
+            "print(*(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGHUP, signal.SIGTTIN, "
+            "signal.SIGTTOU)))\n")
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    bare = run([PY, "-c", code], preexec_fn=nohup)
+    wrapped = run(MPDOCTOR + ["--no-probe", "--", PY, "-c", code], preexec_fn=nohup)
+    assert bare.stdout == wrapped.stdout == b"True False False\n"

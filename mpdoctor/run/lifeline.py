@@ -20,7 +20,10 @@
    signal S the wrapper looks (for up to a few milliseconds, the sender being busy with
    the other processes) whether S is pending in the lifeline: if so, it was sent to the
    whole step and is not forwarded; the lifeline then takes it out (sigtimedwait) and
-   says so, so that the next S is judged afresh. A signal sent to the wrapper alone
+   says so, so that the next S is judged afresh. A copy that reaches the lifeline after
+   the wrapper gave up looking (a sender slower than 80 ms between two processes: the
+   child then gets it twice, as before) is taken out within a second of the forward, so
+   that it is not mistaken for the next one. A signal sent to the wrapper alone
    (`kill PID`), or to its process group (`timeout`, the shell's `kill %1`, a terminal's
    Ctrl-C), never reaches the lifeline and is forwarded. Without /proc (not Linux) every
    signal is forwarded, as before.
@@ -35,7 +38,8 @@ import time
 
 __all__ = ["Lifeline"]
 
-_GRACE_S = (0.0, 0.002, 0.005, 0.01, 0.02)  # when to look again for a signal still on its way
+_GRACE_S = (0.0, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08)  # when to look again for a signal on its way
+_LATE_S = 1.0  # a copy that reaches the lifeline this long after a forward is taken out as late
 _SETTLE_S = 2.0  # at most this long for the lifeline to take a pending signal out
 
 
@@ -90,6 +94,9 @@ class Lifeline:
             if pending & (1 << (sig - 1)):
                 self._take_out(sig)
                 return True
+        # forwarded: a copy still on its way to the lifeline (a slow sender) must not stay
+        # pending there and make the next signal sent to the wrapper alone look job-wide
+        self._say(f"late {sig}\n")
         return False
 
     def _take_out(self, sig: int) -> None:
@@ -125,6 +132,10 @@ class Lifeline:
         if self.pid is None:
             return
         self._say("done\n")
+        try:  # it may be taking out a late copy (up to a second): no need to wait for that
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
         for fd in (self._ctl, self._ack):
             if fd is not None:
                 try:
@@ -207,6 +218,11 @@ def _live(ctl: int, ack: int, watched: frozenset[int], keep: tuple[int, ...]) ->
                 return
             if word == "guard" and arg.isdigit():
                 pgid = int(arg)
+            elif word == "late" and arg.isdigit():
+                try:
+                    signal.sigtimedwait([int(arg)], _LATE_S)
+                except (OSError, ValueError):
+                    pass
             elif word == "take" and arg.isdigit():
                 try:
                     signal.sigtimedwait([int(arg)], 0)

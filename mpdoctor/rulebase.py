@@ -23,6 +23,7 @@ CHECK_MODULES: dict[str, tuple[str, ...]] = {
             "mpdoctor.env.checks.config", "mpdoctor.env.checks.memory", "mpdoctor.env.checks.machine"),
     "run": ("mpdoctor.run.checks",),
     "probe": ("mpdoctor.probe.checks",),
+    "job": ("mpdoctor.job.checks",),
 }
 # kind -> the facts faces add to rules of that kind when they judge them on their own
 # evidence ("module:ATTRIBUTE", a dict of fact -> where it comes from)
@@ -96,4 +97,9 @@ def case_runners() -> "dict[str, CaseRunner]":
         # a log rule's example may be a recorded run: the exception a process raised
         return evidence_case(rule, ex, rules) if ex.evidence is not None else explain_case(rule, ex, rules)
 
-    return {"log": log_case, "env": evidence_case, "run": evidence_case, "probe": evidence_case}
+    def job_case(rule: Any, ex: Any, rules: Any) -> Any:  # a job's recorded evidence (JSON)
+        from .job.judge import job_case as judge_recorded
+
+        return judge_recorded(str(example_path(rule, ex.events)), rules)
+
+    return {"log": log_case, "env": evidence_case, "run": evidence_case, "probe": evidence_case, "job": job_case}

@@ -37,7 +37,9 @@ EPILOG = EXIT_CODES + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_CACHE_DIR", "MPD
 def add_arguments(p: Any) -> None:
     from ..cli import add_output_options
 
-    p.add_argument("path", metavar="PATH", help="the log file, or - for standard input")
+    p.add_argument("path", metavar="PATH", nargs="+",
+                   help="the log file, or - for standard input; several files, a folder or a glob are read "
+                        "as one job (each rank's log, run reports of several nodes, Flight Recorder dumps)")
     add_output_options(p)
     p.add_argument("--snapshot", metavar="FILE",
                    help="an environment snapshot (mpdoctor collect) to sharpen the explanation")
@@ -83,6 +85,10 @@ class ProgressLine:
 
 
 def main(args: Namespace) -> int:
+    paths = args.path if isinstance(args.path, list) else [args.path]
+    if len(paths) > 1 or os.path.isdir(paths[0]) or (not os.path.exists(paths[0]) and "*" in paths[0]):
+        return _explain_job(args, paths)
+    args.path = paths[0]
     from ..logs import InputError, explain_path
     from ..render import SCHEMAS, emit
 
@@ -120,6 +126,32 @@ def main(args: Namespace) -> int:
     emit(report, args.format, heading=f"mpdoctor explain {report.input.get('path', '')}".strip(),
          anonymize=args.anonymize, verbose=args.verbose, schema=SCHEMAS["explain"], where=where,
          environment=environment)
+    return EXIT_ERROR_FINDING if report.has_error else EXIT_OK
+
+
+def _explain_job(args: Namespace, paths: list[str]) -> int:
+    """Several files, a folder or a glob: the job read as one (mpdoctor.job)."""
+    if "-" in paths:
+        return fail("explain: standard input (-) is one log; give a job's files or folder without it")
+    rules = load_rules_or_fail(args.rules)
+    if isinstance(rules, int):
+        return rules
+    from ..job import explain_job
+    from ..job.sources import SourceError
+    from ..redact import scrub
+    from ..render import SCHEMAS, emit
+
+    name = scrub(os.path.basename(os.path.normpath(paths[0])), args.anonymize) + (" ..." if len(paths) > 1 else "")
+    progress = ProgressLine(name)
+    try:
+        report = explain_job(paths, rules, progress)
+    except SourceError as exc:
+        progress.done()
+        return fail(str(exc))
+    progress.done()
+    heading = f"mpdoctor explain {' '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
+    emit(report, args.format, heading=heading, anonymize=args.anonymize, verbose=args.verbose,
+         schema=SCHEMAS["explain"], where=paths[0])
     return EXIT_ERROR_FINDING if report.has_error else EXIT_OK
 
 

@@ -39,7 +39,7 @@ _KNOWN_KEYS = {
 }
 # Which evidence an example of each kind may name.
 _EXAMPLE_KEYS = {"log": ("text", "file", "events"), "env": ("snapshot", "events", "probe"), "run": ("events",),
-                 "probe": ("probe",)}
+                 "probe": ("probe",), "job": ("events",)}
 
 
 def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,

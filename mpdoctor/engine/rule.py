@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 from .fixedruns import runs_in_order
 
-RULE_KINDS = ("log", "env", "run", "probe")
+RULE_KINDS = ("log", "env", "run", "probe", "job")
 # the evidence key an example of each kind names (an env rule may also be judged on a
 # run's events or a probe's measurements: the same knowledge, seen by another face)
 EVIDENCE_KEYS = ("snapshot", "events", "probe")

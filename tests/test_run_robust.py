@@ -167,13 +167,18 @@ def test_no_writable_temp_folder_still_runs_the_command_and_says_so_once(tmp_pat
 
 
 # ---- a stderr left on the terminal -------------------------------------------------------
-def _on_terminal(cmd: list[str], stdout_file: Path) -> tuple[int, bytes]:
-    """`cmd > stdout_file` with stderr on a terminal: the exit status and what reached
-    the terminal."""
+def _on_terminal(cmd: list[str], stdout_file: Path, pipe: bool = False) -> tuple[int, bytes]:
+    """`cmd > stdout_file` (or `cmd | cat > stdout_file`) with stderr on a terminal: the
+    exit status and what reached the terminal."""
     master, slave = pty.openpty()
     try:
         with open(stdout_file, "wb") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=slave)
+            if pipe:
+                cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=out)
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=cat.stdin, stderr=slave)
+                cat.stdin.close()
+            else:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=slave)
         os.close(slave)
         seen = b""
         while True:
@@ -184,20 +189,26 @@ def _on_terminal(cmd: list[str], stdout_file: Path) -> tuple[int, bytes]:
             if not data:
                 break
             seen += data
-        return proc.wait(timeout=60), seen
+        status = proc.wait(timeout=60)
+        if pipe:
+            cat.wait(timeout=60)
+        return status, seen
     finally:
         os.close(master)
 
 
-def test_a_stderr_left_on_the_terminal_stays_a_terminal(tmp_path: Path) -> None:
-    # `mpdoctor run -- train > log` in a terminal: the command's stderr is a terminal, as
-    # bare (tqdm draws its bar, colours stay on); stdout is the file itself
+@pytest.mark.parametrize("stdout", ["file", "pipe"])
+def test_a_stderr_left_on_the_terminal_stays_a_terminal(stdout: str, tmp_path: Path) -> None:
+    # `mpdoctor run -- train > log` (or `| tee log`) in a terminal: the command's stderr is
+    # a terminal, as bare (tqdm draws its bar, colours stay on); stdout is the file itself
+    # (or a pipe)
+    pipe = stdout == "pipe"
     code = ("import os, sys\n"
             "sys.stderr.write(f'isatty 1={os.isatty(1)} 2={os.isatty(2)}\\n')\n"
             "sys.stderr.write('\\x1b[31mred\\x1b[0m\\r50%\\r100%\\n')\n"
             "print('to the file')\n")
-    bare_rc, bare_term = _on_terminal([PY, "-c", code], tmp_path / "bare.log")
-    rc, term = _on_terminal(MPDOCTOR + ["--no-probe", "--", PY, "-c", code], tmp_path / "run.log")
+    bare_rc, bare_term = _on_terminal([PY, "-c", code], tmp_path / "bare.log", pipe)
+    rc, term = _on_terminal(MPDOCTOR + ["--no-probe", "--", PY, "-c", code], tmp_path / "run.log", pipe)
     assert rc == bare_rc == 0
     assert b"isatty 1=False 2=True" in term
     assert term == bare_term  # byte for byte what the bare run put on the terminal

@@ -305,6 +305,10 @@ def environment_from_snapshot(snap: dict[str, Any]) -> dict[str, str]:
         names = [d.get("name") for d in (get("torch", "devices") or []) if isinstance(d, dict) and d.get("name")]
     env["GPU"] = _gpu_summary(names) or "none found"
     env["driver"] = str(get("nvml", "driver_version") or "none found")
+    system = " · ".join(str(x) for x in (get("platform", "os"), get("platform", "libc")) if x)
+    if system:
+        env["OS"] = system
+    env["numpy"] = versions.get("numpy") or "not installed"
     return env
 
 
@@ -336,6 +340,13 @@ def environment_light() -> dict[str, str]:
 
     env = {"mpdoctor": __version__, "Python": f"{platform.python_version()} ({platform.system()} {platform.machine()})",
            "torch": version("torch"), "accelerate": version("accelerate"), "GPU": "none found", "driver": "none found"}
+    from .env.host import collect_platform
+
+    host = collect_platform()
+    system = " · ".join(str(x) for x in (host.get("os"), host.get("libc")) if x)
+    if system:
+        env["OS"] = system
+    env["numpy"] = version("numpy")
     smi = shutil.which("nvidia-smi")
     if smi:
         try:

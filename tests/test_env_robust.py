@@ -481,7 +481,7 @@ def test_current_python_given_is_the_default_path(tmp_path):
 def test_probe_says_torch_is_missing_and_what_to_do(torchless_python, capsys):
     rc = main(["probe", "--python", torchless_python, "--modes", "no"])
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 2
     assert "torch and accelerate are not installed" in err and torchless_python in err
     assert f"{torchless_python} -m pip install torch accelerate" in err
 
@@ -561,11 +561,27 @@ def test_core_install_without_torch_answers_correctly(torchless_python, core_ins
     assert f"torch: not installed in {torchless_python}" in r.stdout
     assert "– torch and CUDA runtime" in r.stdout and "✓ torch and CUDA runtime" not in r.stdout
     assert "fp16 asked for, but training will run on the CPU in plain fp32" in r.stdout
-    r = run_core(torchless_python, core_install, ["check"], tmp_path)
-    assert r.returncode == 0 and "torch is not installed in" in r.stdout
-    assert "– Hardware precision" in r.stdout and "✓ Hardware precision" not in r.stdout  # no device known
+    # installed with pipx beside the training environment, run without --python: no green
+    # ✓ over what was not judged, the summary says so and what to do, exit 2 (README)
+    r = run_core(torchless_python, {**core_install, "COLUMNS": "80"}, ["check"], tmp_path)
+    out = r.stdout
+    assert r.returncode == 2, out + r.stderr
+    assert "– Hardware precision" in out and "✓ Hardware precision" not in out  # no device known
+    assert "✓ Library versions" not in out and "– Library versions — not judged: torch is not installed here" in out
+    summary = out[out.index("\nnot judged: "):]
+    assert "torch is not installed here" in summary
+    assert "\n`--python /path/to/train/python`\n" in summary  # a command is never cut
+    assert "0 error(s), 0 warning(s), 0 note(s) in what could be judged" in summary.replace("\n", " ")
+    r = run_core(torchless_python, core_install, ["check", "--format", "json"], tmp_path)
+    assert r.returncode == 2 and "`--python /path/to/train/python`" in json.loads(r.stdout)["not_judged"]
+    r = run_core(torchless_python, core_install, ["check", "--format", "markdown"], tmp_path)
+    assert r.returncode == 2 and "> **Not judged:** torch is not installed here" in r.stdout
+    # pointed at the interpreter that trains, it judges and exits as usual
+    r = run_core(torchless_python, core_install, ["check", "--python", sys.executable], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "\nnot judged:" not in r.stdout and "✓ torch and CUDA runtime" in r.stdout
     r = run_core(torchless_python, core_install, ["probe", "--modes", "no"], tmp_path)
-    assert r.returncode == 1
+    assert r.returncode == 2  # the README's exit codes: torch missing is not "no mode trained"
     assert "not installed in mpdoctor's own environment" in r.stderr
     assert "mpdoctor probe --python" in r.stderr
     log = tmp_path / "train.log"

@@ -1,17 +1,21 @@
-"""Speed and memory of `mpdoctor explain`, as ratios against the baselines in issue 2.
+"""Speed and memory of `mpdoctor explain`, as ratios against the baselines of issue 18.
 
-    python bench/explain_bench.py            # both ratios (builds a 500 MB log in /tmp once)
-    python bench/explain_bench.py --size-mb 100 --runs 10
+    python bench/explain_bench.py                  # everything (logs made in /tmp once)
+    python bench/explain_bench.py --size-mb 200 --runs 10 --skip-scan
 
 1. Cold start on a 30-line traceback vs `python -c "import rich.console"` (target <= 1.5x).
-2. A training log with one traceback near the end vs `grep -E` over the same file with one
-   literal phrase per rule (target <= 3x), and explain's peak memory (target < 200 MB).
-3. The big-log scan without Hyperscan (MPDOCTOR_NO_HYPERSCAN=1, the pure-Python scan)
-   vs with it, on the same log (--scan-mb, default 64: target <= 5x). `--only-scan`
-   runs this part alone; `--only-start` runs part 1 alone.
+2. A training log (step lines, INFO dicts, tqdm lines, warnings) with one traceback near
+   the end vs `grep -E -i -c` over the same file with one literal phrase per rule (target
+   <= 3x), and explain's peak memory (target < 200 MB).
+3. The same for a Hugging Face Trainer-style log: tqdm bars overwritten with CR (many to
+   a line, as a redirected tqdm writes them), loss dicts, eval dicts, one CUDA OOM
+   traceback through Trainer frames at the end.
+4. The big-log scan without Hyperscan (MPDOCTOR_NO_HYPERSCAN=1, the pure-Python scan)
+   vs with it, on the same log (--scan-mb, default 64: target <= 5x).
 
-Runs are interleaved (baseline, candidate, baseline, ...) and medians are reported, so a
-noisy neighbour slows both sides alike. The log is generated into /tmp, never the repo.
+`--only-start` runs part 1 alone, `--only-scan` part 4 alone; `--skip-scan` leaves part 4
+out. Runs are interleaved (baseline, candidate, baseline, ...) and medians are reported,
+so a noisy neighbour slows both sides alike. The logs are made in /tmp, never the repo.
 """
 
 from __future__ import annotations
@@ -105,6 +109,72 @@ def training_log(path: Path, size_mb: int) -> Path:
     return path
 
 
+TRAINER_OOM = """\
+Traceback (most recent call last):
+  File "/home/ana/proj/run_clm.py", line 612, in <module>
+    main()
+  File "/home/ana/proj/run_clm.py", line 560, in main
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
+  File "/home/ana/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 2123, in train
+    return inner_training_loop(
+  File "/home/ana/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 2481, in _inner_training_loop
+    tr_loss_step = self.training_step(model, inputs, num_items_in_batch)
+  File "/home/ana/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 3579, in training_step
+    loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+  File "/home/ana/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 3633, in compute_loss
+    outputs = model(**inputs)
+  File "/home/ana/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1751, in _wrapped_call_impl
+    return self._call_impl(*args, **kwargs)
+  File "/home/ana/.venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py", line 853, in forward
+    logits = self.lm_head(hidden_states[:, slice_indices, :])
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. GPU 0 has a total capacity of 79.15 GiB of \
+which 2.12 GiB is free. Including non-PyTorch memory, this process has 77.02 GiB memory in use. Of the allocated \
+memory 71.40 GiB is allocated by PyTorch, and 4.96 GiB is reserved by PyTorch but unallocated. If reserved but \
+unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.
+"""
+
+
+def trainer_log(path: Path, size_mb: int) -> Path:
+    """A Hugging Face Trainer run redirected to a file: tqdm writes its bar with \\r and
+    no newline (ten states to a line between two logging steps), the loss dict every
+    logging step, an eval dict now and then, a few start-up warnings; the OOM at the end."""
+    if path.exists() and path.stat().st_size >= size_mb * 990_000:
+        return path
+    rng = random.Random(4321)
+    target = size_mb * 1_000_000
+    total = 10_000_000
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as fh:
+        fh.write("[INFO|trainer.py:2314] 2024-05-03 11:02:11,512 >> ***** Running training *****\n"
+                 "/home/ana/.venv/lib/python3.11/site-packages/transformers/training_args.py:1575: FutureWarning: "
+                 "`evaluation_strategy` is deprecated and will be removed in version 4.46 of Transformers. "
+                 "Use `eval_strategy` instead\n")
+        written, step = 0, 0
+        while written < target - 200_000:
+            block = []
+            for _ in range(200):
+                bars = []
+                for _ in range(10):
+                    step += 1
+                    pct = step * 100 // total
+                    bars.append(f"{pct:3d}%|{'█' * (pct // 10):<10}| {step}/{total} "
+                                f"[{step // 3600:02d}:{step % 60:02d}<{(total - step) // 3600}:{step % 60:02d}, "
+                                f"{rng.uniform(2, 3):.2f}it/s]")
+                block.append("\r".join(bars) + "\r")
+                block.append(f"{{'loss': {rng.random() * 3:.4f}, 'grad_norm': {rng.random() * 4:.4f}, "
+                             f"'learning_rate': {5e-5 * rng.random():.4e}, 'epoch': {step / total * 3:.2f}}}\n")
+                if step % 20000 == 0:
+                    block.append(f"{{'eval_loss': {rng.random() * 3:.4f}, 'eval_runtime': {rng.uniform(10, 20):.4f}, "
+                                 f"'eval_samples_per_second': {rng.uniform(50, 90):.3f}, "
+                                 f"'eval_steps_per_second': {rng.uniform(5, 12):.3f}, 'epoch': {step / total * 3:.2f}}}\n")
+            text = "".join(block)
+            fh.write(text)
+            written += len(text.encode())
+        fh.write(TRAINER_OOM)
+    tmp.replace(path)
+    return path
+
+
 def interleaved(cmds: dict[str, list[str]], runs: int, **kw) -> dict[str, list[float]]:
     """Output goes to a pipe that is read, as a user's would: GNU grep stops at the first
     match when its output is /dev/null, which would make the baseline meaningless."""
@@ -176,7 +246,7 @@ def scan_ratio(log: Path, runs: int) -> None:
             engines[name] = engine
     h, p = statistics.median(times["hyperscan"]), statistics.median(times["python"])
     size = log.stat().st_size
-    print(f"\n3. region scan of a {size / 1e6:.0f} MB training log ({runs} interleaved runs, medians)")
+    print(f"\n4. region scan of a {size / 1e6:.0f} MB training log ({runs} interleaved runs, medians)")
     print(f"   {engines['hyperscan']:<10} scan {h:7.2f} s   ({size / h / 1e6:.0f} MB/s)")
     print(f"   {engines['python']:<10} scan {p:7.2f} s   ({size / p / 1e6:.0f} MB/s)")
     print(f"   ratio python/hyperscan {p / h:.2f}x   (target <= 5x)")
@@ -185,17 +255,22 @@ def scan_ratio(log: Path, runs: int) -> None:
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=500)
+    ap.add_argument("--size-mb", type=int, default=500, help="the training log's size (part 2; 0 leaves it out)")
+    ap.add_argument("--trainer-mb", type=int, default=None,
+                    help="the Trainer-style log's size (part 3; default --size-mb, 0 leaves it out)")
     ap.add_argument("--runs", type=int, default=15, help="cold-start runs per side")
     ap.add_argument("--big-runs", type=int, default=3, help="big-log runs per side")
     ap.add_argument("--log", type=Path, default=None, help="the big log (default /tmp/mpdoctor-bench-<size>MB.log)")
-    ap.add_argument("--scan-mb", type=int, default=64, help="log size for the scan ratio (part 3)")
+    ap.add_argument("--scan-mb", type=int, default=64, help="log size for the scan ratio (part 4)")
     ap.add_argument("--scan-runs", type=int, default=3)
-    ap.add_argument("--only-scan", action="store_true", help="run part 3 only")
+    ap.add_argument("--only-scan", action="store_true", help="run part 4 only")
+    ap.add_argument("--skip-scan", action="store_true", help="leave part 4 out")
     ap.add_argument("--only-start", action="store_true", help="run part 1 only")
     ap.add_argument("--module", action="store_true",
                     help="run `python -m mpdoctor` rather than the installed console script")
     args = ap.parse_args()
+    if args.trainer_mb is None:
+        args.trainer_mb = args.size_mb
     if args.only_scan:
         scan_log = Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.scan_mb}MB.log"
         training_log(scan_log, args.scan_mb)
@@ -228,35 +303,48 @@ def main() -> int:
     if args.only_start:
         return 0
 
-    log = args.log or Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.size_mb}MB.log"
-    t = time.perf_counter()
-    training_log(log, args.size_mb)
-    made = time.perf_counter() - t
-    size = log.stat().st_size
     phrases = grep_phrases()
     pattern = "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", p) for p in phrases)
+    tmpdir = Path(tempfile.gettempdir())
+    for n, (kind, make, size_mb, log) in enumerate((
+            ("training log, one traceback near the end", training_log, args.size_mb,
+             args.log or tmpdir / f"mpdoctor-bench-{args.size_mb}MB.log"),
+            ("Trainer-style log (tqdm \\r bars, loss dicts), one OOM at the end", trainer_log, args.trainer_mb,
+             tmpdir / f"mpdoctor-bench-trainer-{args.trainer_mb}MB.log")), start=2):
+        if size_mb <= 0:
+            continue
+        t = time.perf_counter()
+        make(log, size_mb)
+        made = time.perf_counter() - t
+        big_log_ratio(n, kind, log, made, pattern, len(phrases), mpdoctor, env, args.big_runs)
+    if not args.skip_scan:
+        scan_log = tmpdir / f"mpdoctor-bench-{args.scan_mb}MB.log"
+        training_log(scan_log, args.scan_mb)
+        scan_ratio(scan_log, args.scan_runs)
+    return 0
+
+
+def big_log_ratio(n: int, kind: str, log: Path, made: float, pattern: str, n_phrases: int,
+                  mpdoctor: list[str], env: dict[str, str], runs: int) -> None:
+    """explain vs grep over one big log, interleaved; explain's peak memory and findings."""
+    size = log.stat().st_size
     grep = shutil.which("grep") or "grep"
     cmds = {"grep -E": [grep, "-E", "-i", "-c", pattern, str(log)],
             "mpdoctor explain": mpdoctor + ["explain", str(log), "--format", "json"]}
     subprocess.run(cmds["mpdoctor explain"], capture_output=True, env=env)  # page cache, compiled prefilter
     subprocess.run(cmds["grep -E"], capture_output=True)
-    times = interleaved(cmds, args.big_runs, env=env)
+    times = interleaved(cmds, runs, env=env)
     g, m = statistics.median(times["grep -E"]), statistics.median(times["mpdoctor explain"])
     rss = peak_rss_mb(cmds["mpdoctor explain"])
     out = subprocess.run(cmds["mpdoctor explain"], capture_output=True, text=True, env=env)
     found = re.findall(r'"rule": "([\w-]+)"', out.stdout)
-    print(f"\n2. {size / 1e6:.0f} MB training log, one traceback near the end "
-          f"({'made in %.0f s, ' % made if made > 1 else ''}{args.big_runs} interleaved runs, medians)")
-    print(f"   grep -E -i ({len(phrases)} rule phrases)  {g:7.2f} s   ({size / g / 1e6:.0f} MB/s)")
+    print(f"\n{n}. {size / 1e6:.0f} MB {kind} "
+          f"({f'made in {made:.0f} s, ' if made > 1 else ''}{runs} interleaved runs, medians)")
+    print(f"   grep -E -i ({n_phrases} rule phrases)  {g:7.2f} s   ({size / g / 1e6:.0f} MB/s)")
     print(f"   mpdoctor explain --format json    {m:7.2f} s   ({size / m / 1e6:.0f} MB/s)")
     print(f"   ratio {m / g:.2f}x   (target <= 3x)")
     print(f"   peak memory {rss:.0f} MB   (target < 200 MB)")
     print(f"   findings: {', '.join(found) or 'none'}")
-    scan_log = Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.scan_mb}MB.log"
-    training_log(scan_log, args.scan_mb)
-    scan_ratio(scan_log, args.scan_runs)
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

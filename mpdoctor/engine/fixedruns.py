@@ -4,9 +4,11 @@ matcher (str) and the big-log scan (bytes)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TypeVar
+TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
+if TYPE_CHECKING:
+    from typing import Any, Sequence, TypeVar
 
-T = TypeVar("T", str, bytes)
+    T = TypeVar("T", str, bytes)
 
 
 def runs_in_order(text: T, runs: Sequence[Sequence[T]], start: int = 0, end: int | None = None) -> bool:

@@ -338,6 +338,18 @@ _CLIPPED = _Lazy(
 _KEY_BLOCK_OPEN = _Lazy(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----(?!" + re.escape(REDACTED) + ")")
 
 
+def _url_cut_at_the_end(text: str) -> bool:
+    """Whether the text ends inside a URL's credentials (`... https://user:pass`): a
+    cheap look before the pattern is compiled (a whole URL at the end, as a reference
+    is, has a path or a port)."""
+    tail = text.rsplit(None, 1)[-1] if text.strip() else ""
+    i = tail.find("://")
+    if i < 0 or "/" in tail[i + 3:] or "@" in tail[i + 3:]:
+        return False
+    authority = tail[i + 3:]
+    return ":" in authority and not authority.rsplit(":", 1)[1].isdigit()
+
+
 def _sub_clipped(m: re.Match) -> str:
     if not m.group("scheme"):
         return REDACTED
@@ -408,7 +420,7 @@ def redact_text(text: str) -> str:
         text = _NETRC.sub(lambda m: m.group(0)[: m.start("val") - m.start()] + REDACTED, text)
     if low is None or "login" in low:
         text = _LOGIN_CALL.sub(_sub_login_call, text)
-    if "…" in text or "://" in text:
+    if "…" in text or ("://" in text and _url_cut_at_the_end(text)):
         text = _CLIPPED.sub(_sub_clipped, text)
     if "PRIVATE KEY" in text:
         text = _open_key_blocks(text)
@@ -614,6 +626,12 @@ def anonymize_snapshot(snapshot: dict[str, Any], home: str | None = None, user: 
 _CONTROL = _Lazy("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
+def _printable(text: str) -> bool:
+    """No character a terminal would obey (tab and newline aside), without a pattern:
+    str.isprintable is false for every control and format character."""
+    return text.isprintable() or text.replace("\n", "").replace("\t", "").isprintable()
+
+
 def _visible(m: re.Match) -> str:
     c = ord(m.group())
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
@@ -624,7 +642,7 @@ def inert(text: str) -> str:
     `\\u202e`) instead of obeyed: what a rule file or a log says reaches a terminal as
     text, never as a clipboard write or a cleared screen. Tab and newline stay; a CRLF
     line end becomes a newline."""
-    if not isinstance(text, str) or (text.isprintable() and text.isascii()):
+    if not isinstance(text, str) or _printable(text):
         return text
     if "\r\n" in text:
         text = text.replace("\r\n", "\n")
@@ -637,7 +655,7 @@ _ESCAPE_SEQUENCE = _Lazy(r"\x1b\[[0-9;:]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u
 def inert_but_colour(text: str) -> str:
     """As `inert`, but a colour sequence (SGR, `\\x1b[1;31m`) stays: for what rich itself
     writes to a terminal, whose content was made inert before it styled it."""
-    if not _CONTROL.search(text):
+    if _printable(text) or not _CONTROL.search(text):
         return text
     return _ESCAPE_SEQUENCE.sub(lambda m: m.group() if len(m.group()) > 1 else _visible(m), text)
 

@@ -97,6 +97,7 @@ class JobReader:
         self.bytes = 0
         self._base: dict[str, int] = {}  # group -> global rank of its local rank 0
         self._pending: list[tuple[Source, list[tuple[Finding, float | None]], list[Unrecognised]]] = []
+        self._reported: list[tuple[Source, list[tuple[Finding, float | None]], list[Unrecognised]]] = []
 
     # ---- the whole job -----------------------------------------------------------------
     def read(self, paths: list[str]) -> dict[str, Any]:
@@ -141,7 +142,8 @@ class JobReader:
     # ---- one rank's log ----------------------------------------------------------------
     def _read_log(self, s: Source) -> None:
         lines = self._lines(s)
-        if not lines:
+        if not lines:  # an empty log is a rank that said nothing (a straggler, often)
+            self._pending.append((s, [], []))
             return
         report = explain_lines(lines, self.rules)
         raw = {ln.no: ln.raw for ln in lines}
@@ -233,12 +235,28 @@ class JobReader:
         from .nodes import node_of_report
 
         node = node_of_report(data, s)
-        self.nodes[node["node"]] = node
+        if node["node"] in self.nodes:  # two nodes of one host name (agents on one machine): by their ranks
+            other = self.nodes.pop(node["node"])
+            for n in (other, node):
+                n["node"] = f"{n['node']}[ranks {','.join(map(str, n['ranks'])) or '?'}]"
+                self.nodes[n["node"]] = n
+        else:
+            self.nodes[node["node"]] = node
         for r in data.get("ranks") or []:
             if isinstance(r, dict) and isinstance(r.get("rank"), int) and r.get("pid") is not None:
                 rec = self._rank(r["rank"], None)
                 rec.setdefault("node", node["node"])
-                rec.setdefault("status", r.get("status"))
+        # the report's own findings (the node's output and what its ranks recorded): used for
+        # the ranks no log of the job covers (a job folder of reports only)
+        found = []
+        for d in data.get("findings") or []:
+            f = _finding_of(d)
+            if f is not None and f.ranks:
+                found.append((f, None))
+        unknown = [Unrecognised(str(u.get("exception", "")), int(u.get("line") or 0), u.get("user_frame"),
+                                int(u.get("count") or 1), [r for r in u.get("ranks") or [] if isinstance(r, int)])
+                   for u in data.get("unrecognised") or [] if isinstance(u, dict) and u.get("ranks")]
+        self._reported.append((Source(s.path, "report", node=node["node"]), found, unknown))
         return True
 
     def _read_recorded(self, s: Source) -> None:
@@ -267,8 +285,21 @@ class JobReader:
         return rec
 
     def _settle(self) -> None:
-        """Each log finding to the ranks it belongs to, now that every agent's rank base is known."""
-        for s, timed, unrecognised in self._pending:
+        """Each log finding to the ranks it belongs to, now that every agent's rank base is known;
+        a node report's findings for the ranks no log covered."""
+        self._settle_logs(self._pending)
+        covered = {r for r, rec in self.ranks.items() if rec.get("errors") or rec.get("sources")}
+        for s, found, unknown in self._reported:
+            found = [(f, t) for f, t in found if not set(f.ranks) <= covered]
+            unknown = [u for u in unknown if not set(u.ranks) <= covered]
+            if found or unknown:
+                self._settle_logs([(s, found, unknown)])
+        self._reported.clear()
+        for rec in self.ranks.values():
+            rec["errors"] = [{k: v for k, v in e.items() if v is not None} for e in rec["errors"]]
+
+    def _settle_logs(self, pending: list[Any]) -> None:
+        for s, timed, unrecognised in pending:
             own = s.rank
             if own is None and s.local_rank is not None and s.group in self._base:
                 own = self._base[s.group] + s.local_rank
@@ -306,9 +337,22 @@ class JobReader:
                 rec.setdefault("sources", [])
                 if len(rec["sources"]) < 8:
                     rec["sources"].append(s.path)
-        self._pending.clear()
-        for rec in self.ranks.values():
-            rec["errors"] = [{k: v for k, v in e.items() if v is not None} for e in rec["errors"]]
+        pending.clear()
+
+
+def _finding_of(d: Any) -> Finding | None:
+    """A finding of a report's JSON, as its rule rendered it."""
+    from ..findings import CATEGORIES, SEVERITIES, Evidence
+
+    if not isinstance(d, dict) or d.get("category") not in CATEGORIES or d.get("severity") not in SEVERITIES:
+        return None
+    ev = [Evidence(str(e.get("text", "")), e.get("line"), str(e.get("source") or "log"))
+          for e in d.get("evidence") or [] if isinstance(e, dict)]
+    return Finding(str(d.get("rule")), d["category"], d["severity"], str(d.get("title", "")),
+                   str(d.get("explanation", "")), list(d.get("fixes") or []), ev, dict(d.get("facts") or {}),
+                   list(d.get("references") or []), int(d.get("count") or 1),
+                   [r for r in d.get("ranks") or [] if isinstance(r, int)], bool(d.get("consequence")),
+                   likely=bool(d.get("likely")))
 
 
 def read_job(paths: list[str], rules: list[Rule], progress: Any = None) -> JobReader:

@@ -117,7 +117,7 @@ def sniff(path: str) -> tuple[str, int]:
         if b'"mpdoctor-job' in head:
             return "job", size
         return "json", size  # a report, or a log that happens to start with a brace: told on reading
-    if b"Stack (most recent call first)" in head or b"Current thread 0x" in head or b"Thread 0x" in head[:64]:
+    if head.startswith(b"# mpdoctor: rank ") or b"Stack (most recent call first)" in head or b"Current thread 0x" in head or b"Thread 0x" in head[:64]:
         return "stack", size
     return "log", size
 

@@ -51,7 +51,7 @@ class JobView:
             if len(crashed) == 1:
                 return crashed[0], "crashed"
             timed = [r for r in self.ranks if any(e.get("timed_out") for e in r.get("errors") or [])]
-            others = [r for r in self.ranks if r not in timed and (r.get("errors") or r.get("exit"))]
+            others = [r for r in self.ranks if r not in timed]
             if timed and len(others) == 1:
                 return others[0], "straggler"
             roots = [r for r in self.ranks if (r.get("exit") or {}).get("root_cause")]

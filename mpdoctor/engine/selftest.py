@@ -55,10 +55,7 @@ class CaseResult:
 SHARED_NEAR_MISS = 3
 # The evidence rules that still have only a generic near miss (a baseline, as ruff's: it
 # only shrinks; a rule listed here that gains a look-alike fails until it is removed).
-NO_LOOK_ALIKE_YET: frozenset[str] = frozenset({
-    "machine-fp32-oom-on-bf16-gpu", "machine-gpu-before-ampere", "machine-gpu-without-bf16", "machine-has-no-gpu",
-    "rank-summary",
-})
+NO_LOOK_ALIKE_YET: frozenset[str] = frozenset({"rank-summary"})
 
 
 # (rule, example, all rules) -> the findings the example's evidence produces, ranked

@@ -43,22 +43,24 @@ class Hit:
 
 
 class LiteralIndex:
-    """Which rules a line may concern. Each pattern is indexed by the alternatives of its
-    best fixed step (fixedruns.best_step: every match holds one, and none is a word on
-    every line of a training log when the pattern has a better one), lower-cased, as the
-    case-folded second chance needs; a pattern with no such step by its rule's literals."""
+    """Which rules a line may concern, found by searching the lower-cased text for
+    literals every match holds (lower-cased, as the case-folded second chance needs).
+
+    A small text (a paste, a traceback: up to SMALL_TEXT characters) is searched for
+    each rule's literals (rule.literals: no setup at all, which counts at `explain`'s
+    start). A bigger one for the alternatives of each pattern's best fixed step
+    (fixedruns.best_step: not a word on every line of a training log, such as "loss",
+    when the pattern has a better one), worked out on first use; and when its lines
+    repeat a few shapes with other numbers, only the distinct shapes are searched."""
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
-        self.owners: dict[str, list[int]] = {}
-        self._masked: dict[str, list[str]] | None = None  # digits masked -> the literals
+        self.owners: dict[str, list[int]] = {}  # rule literal -> rule indices
         for i, rule in enumerate(self.rules):
-            keys: set[str] = set()
-            for rx in rule.patterns:
-                step = best_step(rx)
-                keys.update(rule.literals if step is None else (a.lower() for a in step))
-            for lit in sorted(keys):
+            for lit in rule.literals:
                 self.owners.setdefault(lit, []).append(i)
+        self._steps: dict[str, list[int]] | None = None  # best-step alternative -> rule indices
+        self._masked: dict[str, list[str]] | None = None  # ... digits masked -> the alternatives
 
     def positions(self, low: str, literals: Iterable[str] | None = None) -> Iterable[tuple[int, str]]:
         """(position, literal): the first occurrence of each literal on each line of
@@ -75,46 +77,54 @@ class LiteralIndex:
                     break
                 i = find(lit, nl + 1)
 
+    def steps(self) -> dict[str, list[int]]:
+        """best-step alternative (lower-cased) -> the rules with a pattern it stands for
+        (a pattern with no such step: its rule's literals)."""
+        if self._steps is None:
+            self._steps = {}
+            for i, rule in enumerate(self.rules):
+                keys: set[str] = set()
+                for rx in rule.patterns:
+                    step = best_step(rx)
+                    keys.update(rule.literals if step is None else (a.lower() for a in step))
+                for lit in sorted(keys):
+                    self._steps.setdefault(lit, []).append(i)
+            self._masked = {}
+            for lit in self._steps:
+                self._masked.setdefault(lit.translate(_MASK_DIGITS), []).append(lit)
+        return self._steps
+
     def candidates(self, lows: list[str]) -> dict[int, dict[int, int]]:
         """line index -> {rule index: where its first literal is on the line}, for the
-        lower-cased lines `lows`. A log repeats a few line shapes with other numbers: when
-        it does, only the distinct shapes (digits masked) are searched, and a literal with
-        a digit is looked up again on each line of its shape."""
+        lower-cased lines `lows`."""
+        if sum(map(len, lows)) <= SMALL_TEXT:
+            found = self._first_positions(lows, self.owners)
+            return {li: _by_rule(self.owners, lits.items()) for li, lits in found.items()}
+        steps = self.steps()
         masked = [ln.translate(_MASK_DIGITS) for ln in lows]
         shapes = dict.fromkeys(masked)
         if len(shapes) * 2 > len(masked):  # few repeats: the lines themselves
-            found = self._first_positions(lows, self.owners)
-            return {li: self._by_rule(lits.items()) for li, lits in found.items()}
-        if self._masked is None:
-            self._masked = {}
-            for lit in self.owners:
-                self._masked.setdefault(lit.translate(_MASK_DIGITS), []).append(lit)
+            found = self._first_positions(lows, steps)
+            return {li: _by_rule(steps, lits.items()) for li, lits in found.items()}
+        assert self._masked is not None
         shape_list = list(shapes)
         by_shape = self._first_positions(shape_list, self._masked)
         index = {shape: k for k, shape in enumerate(shape_list)}
         per_line: dict[int, dict[int, int]] = {}
         for li, shape in enumerate(masked):
-            found = by_shape.get(index[shape])
-            if not found:
+            found_here = by_shape.get(index[shape])
+            if not found_here:
                 continue
             real: list[tuple[str, int]] = []
-            for mlit, at in found.items():
+            for mlit, at in found_here.items():
                 for lit in self._masked[mlit]:
                     # masking may have made it match (another number): the real line decides
                     i = at if lit == mlit else lows[li].find(lit)
                     if i >= 0:
                         real.append((lit, i))
             if real:
-                per_line[li] = self._by_rule(real)
+                per_line[li] = _by_rule(steps, real)
         return per_line
-
-    def _by_rule(self, found: Iterable[tuple[str, int]]) -> dict[int, int]:
-        slot: dict[int, int] = {}
-        for lit, at in found:
-            for ri in self.owners[lit]:
-                if ri not in slot or at < slot[ri]:
-                    slot[ri] = at
-        return slot
 
     def _first_positions(self, texts: list[str], literals: Iterable[str]) -> dict[int, dict[str, int]]:
         """text index -> {literal: its first position in that text}."""
@@ -130,7 +140,19 @@ class LiteralIndex:
         return out
 
 
+def _by_rule(owners: dict[str, list[int]], found: Iterable[tuple[str, int]]) -> dict[int, int]:
+    """{rule index: the first position of a literal of its} from (literal, position)s."""
+    slot: dict[int, int] = {}
+    for lit, at in found:
+        for ri in owners[lit]:
+            if ri not in slot or at < slot[ri]:
+                slot[ri] = at
+    return slot
+
+
 _MASK_DIGITS = str.maketrans("0123456789", "0000000000")
+# Up to this much text (a paste, a traceback) the rules' own literals are searched for.
+SMALL_TEXT = 64 * 1024
 
 
 def _first_match(rule: Rule, text: str, low: str) -> re.Match[str] | None:

@@ -198,7 +198,8 @@ def add_context(report: Any, snapshot: dict[str, Any]) -> None:
     system = " · ".join(str(x) for x in (env["os"], env["libc"]) if x)
     if system:
         lines.append(f"OS: {system}")
-    lines.append("numpy " + (env["numpy"] or "not installed"))
+    if versions and "error" not in (snapshot.get("packages") or {}):  # else nothing is known of any library
+        lines.append("numpy " + (env["numpy"] or "not installed"))
     if toolkit:
         kit = toolkit.get("nvcc_version") or ("no nvcc" if toolkit.get("cuda_home") else None)
         lines.append("CUDA toolkit: " + (f"{kit} ({toolkit['cuda_home']})" if toolkit.get("cuda_home") else

@@ -86,8 +86,9 @@ def test_explain_of_an_unknown_error_wraps_like_the_rest(tmp_path, capsys, monke
 def test_check_of_every_recorded_machine_at_80_columns(snap, capsys, monkeypatch):
     _, out, _ = face(["check", "--snapshot", snap], capsys, monkeypatch)
     assert_laid_out(out)
-    _, md, _ = face(["check", "--snapshot", snap, "--format", "markdown"], capsys, monkeypatch)
-    assert_laid_out(md, width_checked=False)
+    for fmt in ("markdown", "oneline"):
+        _, text, _ = face(["check", "--snapshot", snap, "--format", fmt], capsys, monkeypatch)
+        assert_laid_out(text, width_checked=False)
 
 
 def test_rules_faces_at_80_columns(capsys, monkeypatch):

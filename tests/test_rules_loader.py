@@ -360,3 +360,27 @@ def test_the_ambiguous_empty_alternation_pattern_is_refused(tmp_path):
                examples=[{"text": "Some_BigError: bad thing"}])
     rulecache.reset()
     assert [r.id for r in rulebase.load_folder(tmp_path / "r")] == ["slow"]
+
+
+def test_a_user_pattern_the_checker_lets_through_is_stopped_on_a_line_it_runs_away_on(tmp_path):
+    """Quadratic on a line of `a_a_a_...` (every start tries every split), and no shape the
+    checker refuses: the per-line budget stops it, names the rule once, and explain still
+    explains the rest of the log."""
+    import subprocess
+    import sys
+
+    pattern = r"(?:[a-z]+_)+[a-z]+Error: boom"
+    path = write_rule(tmp_path / "r", "slow", patterns=[pattern], examples=[{"text": "some_thingError: boom"}])
+    rulebase.load_folder(tmp_path / "r")  # the checker lets it through
+    log = tmp_path / "slow.log"
+    lines = ["Traceback (most recent call last):", "a_" * 4000 + "-Error: boom",
+             "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"] + ["b_" * 4000 + "-Error: boom"] * 50
+    log.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, "-m", "mpdoctor", "explain", str(log), "--rules", str(tmp_path / "r"),
+                          "--format", "oneline"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "[cuda-oom]" in out.stdout
+    warnings = [line for line in out.stderr.splitlines() if "took more than" in line]
+    assert len(warnings) == 1 and "'slow'" in warnings[0] and str(path) in warnings[0]
+    # a sound pattern of the same rule file runs as ever
+    fine = rules_in(tmp_path / "fine", ("fine", {"patterns": [r"FINE FAILED (?P<n>\d+)"]}))
+    assert explain_text("x\nFINE FAILED 7\n", fine).findings[0].facts["n"] == "7"

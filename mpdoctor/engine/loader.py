@@ -388,6 +388,7 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
     if not os.path.isdir(directory):
         raise RuleError(directory, None, "is not a folder of rules")
     folder = os.path.realpath(str(directory))
+    builtin = folder == os.path.realpath(_builtin_rules_dir())
     cache = rulecache.get()
     rules = []
     for name, stat_key, size in (_files if _files is not None else _stat_files(directory)):
@@ -401,16 +402,102 @@ def load_dir(directory: "str | Path", _files: list[tuple[str, int, int]] | None 
             if rule is not None:
                 rule._docs = (lambda name=name: cache.docs(name))
                 rule.folder = folder
-                rules.append(rule)
+                rules.append(rule if builtin else budgeted(rule))
                 continue
         data = _read_toml(path)
         rule = parse_rule(path, data, vocabulary=vocabulary)
         rule.folder = folder
         check_resources(rule)  # before the cache keeps it
         cache.store(name, stat_key, size, data, *cache_form(rule), checked=vocabulary is not None)
-        rules.append(rule)
+        rules.append(rule if builtin else budgeted(rule))
     cache.save()
     return rules
+
+
+# --- a user's patterns run under a time budget per line -----------------------------------
+
+LINE_BUDGET_S = 0.25  # CPU seconds: a pattern takes microseconds on a line; one that backtracks, minutes
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _alarm(_signum: int, _frame: Any) -> None:
+    raise _OverBudget  # raised inside the regex engine, which checks for signals as it runs
+
+
+class BudgetedPattern(LazyPattern):
+    """A user rule's pattern: every search of one line runs under LINE_BUDGET_S (an
+    interval timer whose signal stops the regex engine). A pattern the backtracking
+    checker let through (engine.patterns) that still runs away on a line is stopped
+    there, said once on stderr naming its rule, and skipped for the rest of the input:
+    `explain` finishes. The time is the process's CPU time (ITIMER_VIRTUAL), not the
+    clock's: a busy machine does not stop a sound pattern. The built-in rules are held
+    to the fuzz test instead."""
+
+    __slots__ = ("rule_id", "rule_path", "stopped")
+
+    def __init__(self, pattern: str, runs: Any = (), caseless: bool = False, rule_id: str = "",
+                 rule_path: str = ""):
+        super().__init__(pattern, runs, caseless)
+        self.rule_id, self.rule_path, self.stopped = rule_id, rule_path, False
+
+    def _run(self, call: Any) -> Any:
+        if self.stopped:
+            return None
+        import signal
+
+        try:
+            if signal.getitimer(signal.ITIMER_VIRTUAL)[0] > 0:
+                return call()  # someone else's timer is running: leave it alone
+            previous = signal.signal(signal.SIGVTALRM, _alarm)
+        except (AttributeError, ValueError, OSError):  # no SIGVTALRM (Windows), not the main thread
+            return call()
+        try:
+            signal.setitimer(signal.ITIMER_VIRTUAL, LINE_BUDGET_S)
+            try:
+                return call()
+            finally:
+                signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        except _OverBudget:
+            self._stop()
+            return None
+        finally:
+            signal.signal(signal.SIGVTALRM, previous)
+
+    def _stop(self) -> None:
+        self.stopped = True
+        if sys.stderr is not None:
+            from ..redact import scrub
+
+            try:
+                sys.stderr.write(scrub(
+                    f"mpdoctor: rule {self.rule_id!r} ({self.rule_path}): the pattern {self.pattern!r} took more than "
+                    f"{LINE_BUDGET_S:g} s on one line; it is skipped for the rest of this input (it backtracks: "
+                    "make each part match in one way only)\n"))
+            except (OSError, ValueError):
+                pass
+
+    def search(self, string: str, *args: int) -> Any:
+        return self._run(lambda: LazyPattern.search(self, string, *args))
+
+    def match(self, string: str, *args: int) -> Any:
+        return self._run(lambda: LazyPattern.match(self, string, *args))
+
+    def search_folded(self, string: str) -> Any:
+        return self._run(lambda: LazyPattern.search_folded(self, string))
+
+    def finditer(self, string: str, *args: int) -> Any:
+        return iter(self._run(lambda: list(LazyPattern.finditer(self, string, *args))) or ())
+
+
+def budgeted(rule: Rule) -> Rule:
+    """The rule with each of its patterns under the per-line budget (BudgetedPattern)."""
+    for key in _PATTERN_KEYS:
+        setattr(rule, key, [BudgetedPattern(p.pattern, p.runs, p.caseless, rule.id, str(rule._path))
+                            for p in getattr(rule, key)])
+    return rule
 
 
 # --- the files a rule names -------------------------------------------------------------

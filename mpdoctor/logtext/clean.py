@@ -182,14 +182,37 @@ def _may_start(starts, head: str, first: str) -> bool:
     return starts is None or starts(head)
 
 
+def _by_first(prefixes: tuple) -> tuple[dict[str, tuple], tuple]:
+    """The prefixes a line may start with, by its first character, in their order (a
+    line is tried against two or three, not twenty): ({char: prefixes}, the prefixes for
+    any other first character: those that test the head as a whole)."""
+    def chars(starts) -> set[str] | None:
+        if type(starts) is str:
+            return set(starts)
+        if type(starts) is tuple:
+            return {s[:1] for s in starts}
+        return None  # a test of the whole head: any first character
+
+    keys = set().union(*(chars(st) or set() for st, _rx in prefixes))
+    table = {c: tuple(p for p in prefixes if chars(p[0]) is None or c in chars(p[0])) for c in keys}
+    return table, tuple(p for p in prefixes if chars(p[0]) is None)
+
+
+_RANK_BY_FIRST = _by_first(_RANK_PREFIXES)
+_OTHER_BY_FIRST = _by_first(_OTHER_PREFIXES)
+
+
 def _strip_prefixes(line: str) -> tuple[str, int | None, str | None]:
     rank: int | None = None
     stream: str | None = None
     for _ in range(8):
         head = line[:_HEAD]
         first = head[:1]
-        for starts, rx in _RANK_PREFIXES:
-            if not _may_start(starts, head, first):
+        if not first:
+            return line, rank, stream
+        table, rest = _RANK_BY_FIRST
+        for starts, rx in table.get(first, rest):
+            if type(starts) is not str and not _may_start(starts, head, first):
                 continue
             m = rx.match(head)
             if m:
@@ -198,9 +221,9 @@ def _strip_prefixes(line: str) -> tuple[str, int | None, str | None]:
                 line = line[m.end():]
                 break
         else:
-            first = head[:1]
-            for starts, rx in _OTHER_PREFIXES:
-                if not _may_start(starts, head, first):
+            table, rest = _OTHER_BY_FIRST
+            for starts, rx in table.get(first, rest):
+                if type(starts) is not str and not _may_start(starts, head, first):
                     continue
                 m = rx.match(head)
                 if m and m.end() > 0:

@@ -7,8 +7,9 @@ from mpdoctor import rulebase
 
 RULES = rulebase.load()
 BY_ID = {r.id: r for r in RULES}
-# 80 specific cause, 60 cause, 40 generic (the default), 20 catch-all / echo / notice, 5 summary or note
-TIERS = (80, 60, 40, 20, 5)
+# 90 job-wide conclusion, 80 specific cause, 60 cause, 40 generic (the default), 20 catch-all / echo /
+# notice, 5 summary or note
+TIERS = (90, 80, 60, 40, 20, 5)
 # Rules whose files are being edited elsewhere and still carry a finer number (a baseline:
 # it only shrinks; a listed rule that is on a tier fails until it is removed from here).
 NOT_ON_A_TIER_YET = frozenset({"unscale-fp16-gradients-hf"})

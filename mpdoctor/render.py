@@ -856,6 +856,8 @@ def to_checklist_markdown(report: Report, heading: str = "mpdoctor check", *, an
             out += markdown_table(table["columns"], table["rows"]) + [""]
             for line in probe.get("footer") or []:
                 out += [line.strip(), ""]
+            if out[-1] == "":
+                out.pop()
         else:
             out += [line.strip() for line in probe["lines"]]
     config = (report.extra.get("environment") or {}).get("accelerate_config")

@@ -133,6 +133,7 @@ def run_selftest(rules: list[Rule], runners: dict[str, CaseRunner], only: list[R
         runner = runners.get(rule.kind)
         seen: list[Finding] = []
         fates: list[str] = []  # what became of the check on each evidence near miss
+        traced_any = False  # did any case go through the engine's judge (a test's own runner may not)
         for kind, cases, positive in (("example", rule.examples, True), ("near_miss", rule.near_misses, False)):
             for i, ex in enumerate(cases):
                 if runner is None:
@@ -143,6 +144,7 @@ def run_selftest(rules: list[Rule], runners: dict[str, CaseRunner], only: list[R
                     with strict_checks(), trace_checks() as traced:
                         found = runner(rule, ex, rules)
                     ok, msg, finding = _judge_case(rule, ex, positive, found)
+                    traced_any = traced_any or rule.id in traced
                     if not positive and rule.check and ex.evidence is not None:
                         fates.append(traced.get(rule.id, "not judged at all"))
                 except Exception as exc:  # a broken case is a failure, not a crash
@@ -150,7 +152,7 @@ def run_selftest(rules: list[Rule], runners: dict[str, CaseRunner], only: list[R
                 if finding is not None:
                     seen.append(finding)
                 results.append(CaseResult(rule.id, kind, i, ok, msg, finding if positive else None))
-        if fates and "judged" not in fates and rule.severity != "info":  # a summary states, it does not diagnose
+        if traced_any and fates and "judged" not in fates and rule.severity != "info":  # a summary states, it does not diagnose
             results.append(CaseResult(
                 rule.id, "near_miss", len(rule.near_misses), False,
                 f"no near miss reaches check {rule.check!r} ({fates[0]}): at least one must be a look-alike "

@@ -36,6 +36,10 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--report", metavar="FILE",
                    help="also write the report to FILE, in --format (json when --format is terminal, "
                         "markdown for a FILE ending in .md)")
+    p.add_argument("--job-dir", metavar="DIR", default=None,
+                   help="a folder shared by every node of a multi-node job (also MPDOCTOR_JOB_DIR): this node's "
+                        "report (with its host, ranks, environment and precision plan) and its ranks' Flight "
+                        "Recorder dumps go there; `mpdoctor explain DIR` diagnoses the job")
     p.add_argument("--fail-on", choices=("error", "warning"), default=None, metavar="{error,warning}",
                    help="exit 3 when the command passed but mpdoctor found a problem of this severity or worse")
     p.add_argument("--no-instrument", dest="no_probe", action="store_true",
@@ -62,6 +66,13 @@ def main(args: Namespace) -> int:
         bad = _unwritable(args.report)
         if bad:  # said before the training starts, not after hours of it
             return fail(f"run: cannot write the report {args.report}: {bad}")
+    job_dir = getattr(args, "job_dir", None) or os.environ.get("MPDOCTOR_JOB_DIR") or None
+    if job_dir:
+        from ..job.collect import prepare_job_dir
+
+        bad = prepare_job_dir(job_dir)
+        if bad:
+            return fail(f"run: cannot use the job folder {job_dir}: {bad}")
     rules = load_rules_or_fail(args.rules)  # a broken rule is said before the training starts
     if isinstance(rules, int):
         return rules
@@ -76,6 +87,10 @@ def main(args: Namespace) -> int:
         return exc.status
     report = diagnose(cmd, result, records, rules)
     report.extra["log_tail"] = last_lines(result.tail.text())
+    if job_dir:  # this node's part of the job: its host, ranks, environment, plan
+        from ..job.collect import write_node_report
+
+        write_node_report(job_dir, report, cmd, result, records, anonymize=getattr(args, "anonymize", False))
     why = result.extra.get("not_instrumented")
     if why:  # the command ran; what the instrumentation would have seen is missing
         report.input["instrumented"] = False

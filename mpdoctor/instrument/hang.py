@@ -37,15 +37,14 @@ def install(job_dir: str | None = None) -> bool:
     """Arm the three ways for this process; False where it cannot (no job folder)."""
     try:
         job_dir = job_dir or os.environ.get("MPDOCTOR_JOB_DIR")
-        if not job_dir or _STATE:
+        if not job_dir or _STATE or not os.environ.get("RANK", "").isdigit():  # a launcher is no rank
             return False
         stacks = os.path.join(job_dir, "stacks")
         os.makedirs(stacks, exist_ok=True)
-        rank = os.environ.get("RANK")
+        rank = os.environ["RANK"]
         host = "".join(c if c.isalnum() or c in "-_." else "_" for c in (socket.gethostname() or "node"))[:64]
-        me = f"rank{rank}" if rank is not None and rank.isdigit() else f"pid{os.getpid()}"
         _STATE.update(job_dir=job_dir, stacks=stacks, rank=rank, host=host, started=time.time(), seen=0.0,
-                      path=os.path.join(stacks, f"{host}-{me}.txt"), flight=os.path.join(job_dir, "flight"))
+                      path=os.path.join(stacks, f"{host}-rank{rank}.txt"), flight=os.path.join(job_dir, "flight"))
         if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
             fh = open(_STATE["path"], "a")  # kept open: the handler writes to its descriptor
             _STATE["file"] = fh
@@ -53,12 +52,14 @@ def install(job_dir: str | None = None) -> bool:
         threading.Thread(target=_watch, name="mpdoctor-hang", daemon=True).start()
         previous = sys.excepthook
 
-        def hook(tp, value, tb):  # the user's error is theirs to print: ours first, then theirs
+        def hook(tp, value, tb):  # the user's error printed first (the launcher may stop us any moment)
             try:
-                _on_error(value, tb)
-            except Exception:
-                pass
-            previous(tp, value, tb)
+                previous(tp, value, tb)
+            finally:
+                try:
+                    _on_error(value, tb)
+                except Exception:
+                    pass
 
         sys.excepthook = hook
         return True
@@ -114,8 +115,12 @@ def dump_flight() -> None:
         rank = _STATE.get("rank") or str(dist.get_rank())
         with open(os.path.join(_STATE["flight"], f"{_STATE['host']}-rank_{rank}"), "wb") as fh:
             fh.write(data)
-    except Exception:
-        pass
+    except Exception as exc:  # said in the stacks file: why this rank's record is missing
+        try:
+            with open(_STATE["path"], "a") as fh:
+                fh.write(f"# mpdoctor: no Flight Recorder dump ({type(exc).__name__}: {str(exc)[:200]})\n")
+        except Exception:
+            pass
 
 
 def _on_error(value: BaseException, tb) -> None:

@@ -33,8 +33,26 @@ def node_block(evidence: dict[str, Any], plan: dict[str, Any] | None) -> dict[st
     procs = evidence.get("processes") or []
     ranks = sorted({p["rank"] for p in procs if isinstance(p.get("rank"), int)})
     main = next((p for p in procs if p.get("env")), None)
-    return {"host": socket.gethostname(), "ranks": ranks,
-            "env": env_summary(main.get("env") or {}, plan) if main else {}}
+    per_node = _nproc_per_node(evidence.get("command") or [])
+    if per_node and ranks:  # torchrun numbers a node's ranks in one block: a rank that left no record is in it
+        base = ranks[0] - ranks[0] % per_node
+        ranks = list(range(base, base + per_node))
+    out = {"host": socket.gethostname(), "ranks": ranks,
+           "env": env_summary(main.get("env") or {}, plan) if main else {}}
+    if per_node:
+        out["local_world_size"] = per_node
+    return out
+
+
+def _nproc_per_node(cmd: list[str]) -> int | None:
+    """torchrun's / accelerate's processes per node from the launcher's command line."""
+    for i, arg in enumerate(cmd):
+        for flag in ("--nproc-per-node", "--nproc_per_node", "--num_processes_per_node"):
+            value = arg[len(flag) + 1:] if arg.startswith(flag + "=") else (
+                cmd[i + 1] if arg == flag and i + 1 < len(cmd) else None)
+            if value is not None and value.isdigit() and int(value) > 0:
+                return int(value)
+    return None
 
 
 def node_of_report(data: dict[str, Any], source: Any) -> dict[str, Any]:
@@ -51,5 +69,7 @@ def node_of_report(data: dict[str, Any], source: Any) -> dict[str, Any]:
         mixed = env_summary({}, plan).get("mixed_precision")
         if mixed:
             env["mixed_precision"] = mixed
-    return {"node": str(name), "ranks": ranks, "env": env, "exit_code": data.get("exit_code"),
-            "report": source.path}
+    out = {"node": str(name), "ranks": ranks, "env": env, "exit_code": data.get("exit_code"), "report": source.path}
+    if isinstance(block.get("local_world_size"), int):
+        out["local_world_size"] = block["local_world_size"]
+    return out

@@ -10,6 +10,7 @@ stack in a hang; per node its run report; the Flight Recorder's collectives.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -39,6 +40,7 @@ _SUMMARY_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _SUMMARY_EXIT = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?(?:\s+\((?P<signal>SIG\w+)\))?")
 # torchrun --tee: `[default<local rank>]:[rank<global rank>]:`; the normaliser reads the first
 _TEE = re.compile(r"^\[default(?P<local>\d+)\]:(?:\[rank(?P<rank>\d+)\]:)?")
+_DIGITS = re.compile(r"\d+")
 # a timeout, as the ranks that waited say it
 TIMED_OUT = re.compile(r"[Tt]imed out|[Tt]imeout|timeout")
 
@@ -59,6 +61,28 @@ def time_of(text: str) -> float | None:
         base = calendar.timegm((_t.gmtime().tm_year, int(m.group("gmo")), int(m.group("gd")), 0, 0, 0))
     frac = float("0." + m.group("f")) if m.group("f") else 0.0
     return base + int(m.group("h")) * 3600 + int(m.group("mi")) * 60 + int(m.group("s")) + frac
+
+
+LEAD_LINES = 12  # lines kept above a region's first hit (the scan keeps 80: a whole traceback's worth)
+
+
+def _lead_trimmed(finder: Any, first_no: int, region: bytes) -> tuple[int, bytes]:
+    """A rank's region without most of the training lines above its first hit: a rank log's
+    error starts at its Traceback header or its error line, both hits of their own."""
+    try:
+        hits = finder.positions(region)
+    except Exception:
+        return first_no, region
+    if not hits:
+        return first_no, region
+    start = hits[0]
+    for _ in range(LEAD_LINES + 1):
+        i = region.rfind(b"\n", 0, start)
+        if i < 0:
+            return first_no, region
+        start = i
+    start += 1
+    return first_no + region.count(b"\n", 0, start), region[start:]
 
 
 def _global_ranks(lines: list[Any]) -> list[Any]:
@@ -95,6 +119,8 @@ class JobReader:
         self.launcher: list[dict[str, Any]] = []  # findings on lines of no rank (the launchers' own)
         self.sources: list[Source] = []
         self.bytes = 0
+        self._memo: dict[int, tuple] = {}
+        self._fresh: dict[str, Any] | None = None
         self._base: dict[str, int] = {}  # group -> global rank of its local rank 0
         self._pending: list[tuple[Source, list[tuple[Finding, float | None]], list[Unrecognised]]] = []
         self._reported: list[tuple[Source, list[tuple[Finding, float | None]], list[Unrecognised]]] = []
@@ -129,6 +155,11 @@ class JobReader:
                 self.progress(done, total)
         self.bytes = done
         self._settle()
+        for n in self.nodes.values():  # a node's ranks carry its (disambiguated) name
+            for r in n.get("ranks") or []:
+                rec = self.ranks.get(r)
+                if rec is not None and (not rec.get("node") or n["node"].startswith(rec["node"] + "[")):
+                    rec["node"] = n["node"]
         return self.evidence()
 
     def evidence(self) -> dict[str, Any]:
@@ -145,19 +176,43 @@ class JobReader:
         if not lines:  # an empty log is a rank that said nothing (a straggler, often)
             self._pending.append((s, [], []))
             return
-        report = explain_lines(lines, self.rules)
-        raw = {ln.no: ln.raw for ln in lines}
-        timed = []
-        for f in report.findings:
-            no = next((e.line for e in f.evidence if e.line is not None), None)
-            timed.append((f, time_of(raw.get(no, "")) if no is not None else None))
+        timed, unrecognised = self._explain(lines)
         # the global rank of a torchrun agent's local rank 0, from a [rankN] prefix
         if s.group is not None and s.local_rank is not None and s.group not in self._base:
             seen = next((ln.rank for ln in lines if ln.rank is not None), None)
             if seen is not None:
                 self._base[s.group] = seen - s.local_rank
         self._summaries(lines, s)
-        self._pending.append((s, timed, report.unrecognised))
+        self._pending.append((s, timed, unrecognised))
+
+    def _explain(self, lines: list[Any]) -> tuple[list[tuple[Finding, float | None]], list[Unrecognised]]:
+        """The log rules over one rank's lines. A thousand ranks mostly say the same thing
+        (the same lost peer, another port): lines that differ only in their numbers are
+        matched once, and each rank gets that finding on its own ranks and times."""
+        key = hash(tuple(_DIGITS.sub("#", ln.text) for ln in lines))
+        ranks = sorted({ln.rank for ln in lines if ln.rank is not None})
+        memo = self._memo.get(key)
+        if memo is None:
+            report = explain_lines(lines, self.rules)
+            index = {ln.no: i for i, ln in enumerate(lines)}
+            at = []
+            for f in report.findings:
+                no = next((e.line for e in f.evidence if e.line is not None), None)
+                at.append(index.get(no) if no is not None else None)
+            memo = self._memo[key] = (report.findings, at, report.unrecognised, ranks)
+            if len(self._memo) > 4096:
+                self._memo.pop(next(iter(self._memo)))
+            found, unknown = report.findings, report.unrecognised
+        else:
+            template, at, unknown0, ranks0 = memo
+            same = ranks == ranks0
+            found = [f.replace(ranks=list(f.ranks) if same or not f.ranks else ranks, evidence=list(f.evidence),
+                               facts=dict(f.facts)) for f in template]
+            unknown = [Unrecognised(u.exception, u.line, u.user_frame, u.count,
+                                    list(u.ranks) if same or not u.ranks else ranks) for u in unknown0]
+        at = memo[1]
+        timed = [(f, time_of(lines[i].raw) if i is not None and i < len(lines) else None) for f, i in zip(found, at)]
+        return timed, unknown
 
     def _lines(self, s: Source) -> list[Any]:
         return _global_ranks(self._read_lines(s))
@@ -170,9 +225,9 @@ class JobReader:
                 if b"\0" in data[:4096]:
                     return []
                 return normalise(data.decode("utf-8", "replace"))
-            from ..logs.regions import CHUNK, RegionScanner
+            from ..logs.regions import CHUNK
 
-            scanner = RegionScanner(prefilter_for(self.rules))
+            scanner = self._scanner()
             with open(s.path, "rb") as fh:
                 while True:
                     chunk = fh.read(CHUNK)
@@ -181,10 +236,25 @@ class JobReader:
                     scanner.feed(chunk)
             lines = []
             for first_no, region in scanner.finish():
+                first_no, region = _lead_trimmed(scanner.finder, first_no, region)
                 lines.extend(normalise(region.decode("utf-8", "replace"), first_no))
             return lines
         except OSError as exc:
             raise SourceError(f"{s.path}: cannot be read ({exc.strerror or exc})") from None
+
+    def _scanner(self) -> Any:
+        """A fresh region scanner sharing the first one's literal finder: a thousand rank logs
+        load the compiled scan once, not once a file."""
+        from ..logs.regions import RegionScanner
+
+        if self._fresh is None:
+            first = RegionScanner(prefilter_for(self.rules))
+            self._fresh = {k: v if k in ("finder", "engine") else copy.copy(v) for k, v in vars(first).items()}
+            return first
+        scanner = RegionScanner.__new__(RegionScanner)
+        for k, v in self._fresh.items():
+            setattr(scanner, k, v if k in ("finder", "engine") else copy.copy(v))
+        return scanner
 
     def _summaries(self, lines: list[Any], s: Source) -> None:
         """torchrun's ChildFailedError summary: each failed rank's exit, time and host."""
@@ -248,13 +318,25 @@ class JobReader:
                 rec.setdefault("node", node["node"])
         # the report's own findings (the node's output and what its ranks recorded): used for
         # the ranks no log of the job covers (a job folder of reports only)
+        own = list(node.get("ranks") or [])
+        per_node = node.get("local_world_size")
+
+        def global_ranks(ranks: list[int]) -> list[int]:
+            # the node's output numbers its workers by local rank (`[default1]:`): on a node
+            # whose ranks are 2 and 3, rank "1" is its local rank 1, global rank 3
+            if per_node and own and len(own) == per_node and any(r not in own for r in ranks):
+                return sorted({own[r] if 0 <= r < per_node and r not in own else r for r in ranks})
+            return ranks
+
         found = []
         for d in data.get("findings") or []:
             f = _finding_of(d)
             if f is not None and f.ranks:
+                f.ranks = global_ranks(f.ranks)
                 found.append((f, None))
         unknown = [Unrecognised(str(u.get("exception", "")), int(u.get("line") or 0), u.get("user_frame"),
-                                int(u.get("count") or 1), [r for r in u.get("ranks") or [] if isinstance(r, int)])
+                                int(u.get("count") or 1),
+                                global_ranks([r for r in u.get("ranks") or [] if isinstance(r, int)]))
                    for u in data.get("unrecognised") or [] if isinstance(u, dict) and u.get("ranks")]
         self._reported.append((Source(s.path, "report", node=node["node"]), found, unknown))
         return True

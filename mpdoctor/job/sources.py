@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _TORCHRUN = re.compile(r"(?P<run>[^/]+)/attempt_(?P<attempt>\d+)/(?P<local>\d+)/(?P<stream>stdout|stderr|error)\.(?:log|json)$")
 # a number in a file name, with the word before it when there is one: rank3.log, job.1234.3.out,
 # worker-07.txt, task_3.err, train_rank_12.log
-_NUMBERED = re.compile(r"(?i)(?:(?P<word>rank|task|proc|process|worker|node|host|gpu)[-_.]?)?(?P<n>\d{1,7})"
+_NUMBERED = re.compile(r"(?i)(?:(?P<word>rank|task|proc|process|worker|node|host|gpu|pid)[-_.]?)?(?P<n>\d{1,7})"
                        r"(?P<tail>(?:\.[a-z]{1,8})*)$")
 _NODE_WORD = re.compile(r"(?i)^(?:node|host|machine)[-_.]?(\w{1,64})$")
 MAX_SOURCES = 100_000
@@ -160,6 +160,8 @@ def _from_numbered_names(sources: list[Source]) -> None:
     for members in groups.values():
         numbers = {n for _, n, _ in members}
         for s, n, word in members:
+            if word == "pid":  # a process id names no rank
+                continue
             if word in ("node", "host"):
                 s.node = s.node or f"{word}{n}"
             elif word in ("rank", "gpu", "worker", "process", "proc") or (len(numbers) == len(members) > 1):

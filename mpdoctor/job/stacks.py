@@ -11,7 +11,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<fu
 _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                 "broadcast", "barrier", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
                 "send", "recv", "monitored_barrier", "wait")
-_LIBRARY = ("site-packages", "dist-packages", "/lib/python3")
+_LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "/mpdoctor/instrument/", "<frozen ")
 
 
 def read_stack(source: Any, limit: int = 256 * 1024) -> dict[str, Any] | None:

@@ -133,7 +133,8 @@ def test_transformers_callback_reports_a_training_that_raises(tmp_path, capsys: 
 
 # ---- Lightning ---------------------------------------------------------------------------
 
-def _lightning_module(fail_at: int | None = None, nan_at: int | None = None):
+def _lightning_module(fail_at: int | None = None, nan_at: int | None = None, accumulate: int = 1,
+                      samples: int = 16, max_steps: int = 4):
     torch = pytest.importorskip("torch")
     L = pytest.importorskip("lightning.pytorch")
 
@@ -155,9 +156,9 @@ def _lightning_module(fail_at: int | None = None, nan_at: int | None = None):
             return torch.optim.SGD(self.parameters(), lr=1e-3)
 
     torch.manual_seed(0)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(samples, 8)), batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=accumulate)
     return Net(), data, trainer
 
 
@@ -191,3 +192,17 @@ def test_lightning_callback_reports_a_fit_that_raises(capsys: pytest.CaptureFixt
     assert errs and errs[0].step == 1
     printed = capsys.readouterr().err
     assert "broken batch" in printed
+
+
+@pytest.mark.slow
+def test_lightning_callback_counts_optimizer_steps_under_gradient_accumulation() -> None:
+    from mpdoctor.integrations.lightning import MpdoctorCallback
+
+    # 3 optimizer steps of 2 batches each; the NaN is in batch 5: step 2, its second micro-batch
+    net, data, trainer = _lightning_module(nan_at=5, accumulate=2, samples=32, max_steps=3)
+    cb = MpdoctorCallback(report=None)
+    trainer.callbacks.append(cb)
+    trainer.fit(net, data)
+    assert trainer.global_step == 3 and cb.handle.step == 2
+    nf = cb.handle.first_nonfinite
+    assert (nf.module, nf.step) == ("head", 2)

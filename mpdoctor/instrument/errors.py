@@ -69,6 +69,7 @@ class ErrorRecorder:
     def _on_forward_error(self, mod: Any, args: Any, exc: BaseException) -> None:
         err = raised_error(exception_text(exc), self.step, self._batch_shape, mod, self.name_of(mod), args,
                            owners=self.memory_owners)
+        err.micro = self.micro
         self.errors.append(err)
         if self.sink is not None:
             self.sink.event("exception", step=self.step, module=err.module, exception=err.exception[:500],

@@ -166,6 +166,8 @@ def install_torch() -> None:
     # a scaler made before watch() was called is met here, once per step
     _before(grad_scaler.GradScaler, "scale", lambda scaler: _dispatch("on_scaler_seen", scaler))
     _before(grad_scaler.GradScaler, "unscale_", lambda scaler: _dispatch("on_scaler_seen", scaler))
+    # a step of the loop, taken or skipped on overflow (then the optimizer's step is not called)
+    _before(grad_scaler.GradScaler, "step", lambda scaler: _dispatch("on_scaler_step", scaler))
     _before(torch.Tensor, "backward", lambda loss: _dispatch("on_backward", loss))
 
     def clip(orig: Callable) -> Callable:

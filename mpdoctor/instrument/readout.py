@@ -182,6 +182,17 @@ class Readout:
                 rec.origin = "input"
         return self._add_nonfinite(rec)
 
+    def renumber_steps(self, step: int) -> None:
+        """Every step recorded so far becomes `step` (the recorder found them to be
+        micro-batches of one step)."""
+        for rec in [*self.nonfinite, *self.overflow, *([self.held_loss] if self.held_loss else [])]:
+            rec.step = step
+        self._nf_steps = {step} if self._nf_steps else set()
+        for rec in self.nonfinite:
+            rec.steps_affected = len(self._nf_steps)
+        if self.loss_zero_grad_nan is not None:
+            self.loss_zero_grad_nan = (step, self.loss_zero_grad_nan[1])
+
     def release_held(self) -> bool:
         """At the end: a held-back non-finite loss that no watched step explained is
         reported as it was seen (at the loss)."""

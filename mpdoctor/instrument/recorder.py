@@ -112,6 +112,8 @@ class Recorder(ModuleHooks, StepCounter, PendingValues, TrainingTaps, ErrorRecor
         r = self.readout
         return {
             "step": self.step,
+            "micro": self.micro,
+            "optimizer_steps": self.optimizer_steps,
             "plan": self.plan.to_dict(),
             "scaler": r.scaler.to_dict(),
             "nonfinite": [n.to_dict() for n in r.nonfinite],

@@ -13,7 +13,7 @@ class NonFinite:
 
     module: str                    # qualified name relative to the outermost module called
     phase: str                     # "forward" | "backward"
-    step: int                      # 0-based forward count of the outermost module
+    step: int                      # 0-based optimizer step (see instrument/steps.py)
     dtype: str                     # dtype of the tensor that went non-finite
     kind: str                      # "nan" | "inf"
     module_type: str = ""
@@ -129,7 +129,8 @@ class RaisedError:
     exception: str                # "RuntimeError: mat1 and mat2 must have the same dtype ..." (whole, bounded)
     module: str = ""              # the module whose forward raised; "" when outside any module
     module_type: str = ""
-    step: int = -1
+    step: int = -1                # the optimizer step (0-based) it was raised in
+    micro: int | None = None      # the training forward (micro-batch) within that step
     # params: {"float16@cpu": tensors}; inputs: [{dtype, device, shape}]; autocast:
     # {"cpu": "bfloat16"} when on; memory: {"host": {...}, "device": {...}}; batch_shape
     context: dict[str, Any] = field(default_factory=dict)

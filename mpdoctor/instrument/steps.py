@@ -1,11 +1,20 @@
 """Steps and roots: which module is the model, where a step begins, which steps are
 watched (sampling), and the names modules have for the user.
 
-The outermost module called with parameters is the *primary root* (the model); each of
-its forwards begins a step unless an integration counts the steps itself (`mark_step`,
-from the trainer's step events). With sampling (``every=N``) the per-module reductions
-run on steps 0, N, 2N, ... only; a non-finite loss met on a step not watched makes every
-later step watched, so that the module that makes it can be named.
+The outermost module called with parameters is the *primary root* (the model). Steps are
+the user's: optimizer steps (an optimizer's step(), or a loss scaler's step(), which
+skips the optimizer's on overflow), as the loop counts them. The first training forward
+(grad enabled, the model in train mode) after one begins the next step; the training
+forwards within a step are its micro-batches (gradient accumulation: `micro` 0..N-1);
+evaluation forwards begin no step (they belong to the step before them). Before any optimizer step has been seen, a training
+forward after a backward begins a step (a loop without an optimizer counts its
+forwards); at the first optimizer step those turn out to be the micro-batches of step 0
+and are renumbered so. An integration may count the steps itself instead (`mark_step`,
+from the trainer's step events).
+
+With sampling (``every=N``) the per-module reductions run on steps 0, N, 2N, ... only;
+a non-finite loss met on a step not watched makes every later step watched, so that the
+module that makes it can be named.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from torch import Tensor
 
 # Sampling: watch the modules of every Nth step only (see `sampling_period`).
@@ -40,6 +50,11 @@ def strip_wrapper(name: str, root: Any) -> str:
     return name
 
 
+def _training(mod: Any) -> bool:
+    """A training forward: grad enabled and the module in train mode (not evaluation)."""
+    return bool(getattr(mod, "training", True)) and torch.is_grad_enabled()
+
+
 class _RootInfo:
     __slots__ = ("primary",)
 
@@ -59,6 +74,12 @@ class StepCounter:
         self._escalated_from: int | None = None  # every step watched from this one on
         self._step_driven = False  # steps counted by mark_step() (an integration), not by forwards
         self.step = -1
+        self.micro = -1  # the training forward (micro-batch) within the step, 0-based
+        self.optimizer_steps = 0  # steps completed (optimizer or loss scaler steps)
+        self._closed = True  # an optimizer step ended the current step
+        self._backward_since = False  # a backward ran since the step's last training forward
+        self._provisional = False  # steps were begun at a backward, before any optimizer step
+        self._early_forwards = 0  # training forwards before the first optimizer step
         self._roots: dict[int, _RootInfo] = {}
         self._primary: Any = None
         self._names: dict[int, str] = {}
@@ -89,9 +110,15 @@ class StepCounter:
         if info is None:
             info = self._new_root(mod)
         if not info.primary:
+            # a model trained beside a primary used only without grad (a frozen teacher
+            # called first): its training forward begins the next step too
+            if self._closed and self.step >= 0 and not self._step_driven and _training(mod):
+                self._forward_begins(mod)
             return
         if not self._step_driven:
-            self._next_step()
+            self._forward_begins(mod)
+        elif _training(mod):
+            self.micro += 1
         if not self._params_counted:
             self._params_counted = True
             self.plan_tracker.count_root(mod)
@@ -99,6 +126,51 @@ class StepCounter:
         self._batch_shape = list(t.shape) if t is not None else None
         if self.sink is not None:
             self.sink.progress(self.step, "forward")
+
+    def _forward_begins(self, mod: Any) -> None:
+        """The model's forward begins: the next step if an optimizer step ended this one
+        (or, before any, a backward did), else the next micro-batch of this one."""
+        training = _training(mod)
+        before_any = not self.optimizer_steps
+        if self.step < 0 or (training and (self._closed or (self._backward_since and before_any))):
+            if not self._closed and self.step >= 0:
+                self._provisional = True
+            self._next_step()
+            self.micro = -1
+            self._closed = False
+        else:
+            self.flush()  # a step's values are read at each forward (bounded memory, one read)
+        if training:
+            self.micro += 1
+            self._backward_since = False
+            if before_any:
+                self._early_forwards += 1
+
+    def _step_taken(self) -> None:
+        """An optimizer's or a loss scaler's step: the current step is done (a second
+        optimizer, or the optimizer under the scaler, in the same step counts once)."""
+        if self._closed or self._step_driven:
+            if self._step_driven:
+                self.optimizer_steps += 1
+            return
+        self._closed = True
+        self.optimizer_steps += 1
+        if self._provisional:
+            self._fold_into_step_0()
+
+    def _fold_into_step_0(self) -> None:
+        """The steps begun at a backward before the first optimizer step were the
+        micro-batches of its accumulation cycle: they are step 0."""
+        self._provisional = False
+        self.flush()
+        self.readout.renumber_steps(0)
+        for err in [*self.errors, *self.recovered]:
+            if err.step > 0:
+                err.step = 0
+        if self._escalated_from is not None:
+            self._escalated_from = 0
+        self.step = 0
+        self.micro = self._early_forwards - 1
 
     def _next_step(self) -> None:
         self.flush()
@@ -122,6 +194,7 @@ class StepCounter:
             self._step_driven = True
             self._stack().clear()
             self._next_step()
+            self.micro = -1
         except Exception as exc:
             self._fail(exc)
 

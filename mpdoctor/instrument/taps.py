@@ -39,6 +39,7 @@ class TrainingTaps:
     def on_backward(self, loss: Tensor) -> None:
         if self.disabled or not isinstance(loss, Tensor) or not loss.is_floating_point() or not loss.numel():
             return
+        self._backward_since = True
         v = loss.detach()
         v = v.reshape(-1)[0] if v.numel() == 1 else torch.linalg.vector_norm(v.float())
         self._pend_pair("loss", v, v)
@@ -50,6 +51,14 @@ class TrainingTaps:
 
     def on_scaler_seen(self, scaler: Any) -> None:
         self.plan_tracker.on_scaler_seen(scaler)
+
+    def on_scaler_step(self, scaler: Any) -> None:
+        """scaler.step(optimizer): a step, taken or skipped (on overflow the scaler does not
+        call the optimizer's step)."""
+        if self.disabled:
+            return
+        self.plan_tracker.on_scaler_seen(scaler)
+        self._step_taken()
 
     def on_scale(self, scaler: Any, before: Tensor, after: Tensor) -> None:
         if self.disabled:
@@ -83,6 +92,7 @@ class TrainingTaps:
     def on_optimizer_post(self, opt: Any) -> None:
         if self.disabled:
             return
+        self._step_taken()
         self._after_optimizer_step()
         if self.plan_tracker.after_step():
             self._emit()

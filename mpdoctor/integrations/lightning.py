@@ -37,14 +37,20 @@ class MpdoctorCallback(SessionResults, Callback):  # type: ignore[misc, valid-ty
     def __init__(self, every: int | None = None, report: str | None = "terminal", stderr: bool = True) -> None:
         super().__init__()
         self.session = WatchSession(every=every, report=report, stderr=stderr)
+        self._global_step: int | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.session.start(pl_module)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        # steps as Lightning counts them (training_step may call submodules, not the module)
+        # steps as Lightning counts them (training_step may call submodules, not the module):
+        # its optimizer steps (global_step); the batches of one accumulation cycle are one step
         h = self.session.handle
-        if h is not None and self.session._report is None:
+        if h is None or self.session._report is not None:
+            return
+        step = getattr(trainer, "global_step", None)
+        if step is None or step != self._global_step:
+            self._global_step = step
             h.mark_step()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -28,10 +28,14 @@ The recorder ``watch()`` returns (``mpdoctor.watch()``'s handle has the same att
     h.final_scale       # shortcut: h.scaler.final_scale
     h.nonfinite         # [NonFinite]: first non-finite value per phase, each with .module
                         # (qualified name as in named_modules()), .phase ("forward" |
-                        # "backward"), .step (0-based root forward count), .dtype, .kind
+                        # "backward"), .step (0-based optimizer step), .dtype, .kind
                         # ("nan" | "inf"), .input_min / .input_max; .to_dict()
     h.first_nonfinite   # the first of them, or None
-    h.step              # the current 0-based step (-1 before the first forward)
+    h.step              # the current 0-based step, as the loop counts them: optimizer steps
+                        # (instrument/steps.py); evaluation forwards are not steps; -1 before
+                        # the first forward
+    h.micro             # the training forward (micro-batch) within the step (gradient accumulation)
+    h.optimizer_steps   # optimizer (or loss scaler) steps completed
     h.errors            # [RaisedError]: exceptions raised in the training, with their context
     h.recovered         # [RaisedError]: exceptions caught, after which an optimizer step completed
     h.unhooked          # [{"module", "module_type", "reason"}]: modules that took no hooks

@@ -70,16 +70,18 @@ def formatters() -> tuple[type, type]:
         class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
             def _fill_text(self, text: str, width: int, indent: str) -> str:
                 # the descriptions and epilogs keep their lines, but none wider than the
-                # terminal: a longer one breaks at spaces, under its own indent
+                # terminal (argparse's width is 2 less): a longer one breaks at spaces,
+                # under its own indent
                 from .render import cells, wrap
 
                 out: list[str] = []
+                width = max(width + 2, 20)
                 for line in text.splitlines():
                     body = line.lstrip(" ")
                     if cells(indent + line) <= width or not body:
                         out.append(indent + line)
                     else:
-                        out += wrap(body, max(width, 20), indent=len(indent) + len(line) - len(body))
+                        out += wrap(body, width, indent=len(indent) + len(line) - len(body))
                 return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
         _FORMATTERS = (HelpFormatter, RawDescriptionHelpFormatter)
@@ -164,7 +166,7 @@ def fast_explain_args(argv: list[str]) -> Any:
 
     from .commands.explain import main as explain_main
 
-    return SimpleNamespace(command="explain", path=path, rules=[], snapshot=None, _main=explain_main, **values)
+    return SimpleNamespace(command="explain", path=[path], rules=[], snapshot=None, _main=explain_main, **values)
 
 
 def short_usage() -> str:

@@ -36,8 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 EXIT_CODES = """\
 exit status:
-  0  no finding of severity error (also when the reader of the output went away,
-     as in `mpdoctor check | head -1`)
+  0  no finding of severity error (also when the reader of the output went
+     away, as in `mpdoctor check | head -1`)
   1  at least one error finding
   2  the input could not be read, or the arguments or rules are wrong
   130  interrupted (Ctrl-C)

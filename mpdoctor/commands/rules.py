@@ -271,5 +271,8 @@ def _rules_test(rules: list[Rule], args: Namespace) -> int:
         summary = f"{tested} rules, {len(cases)} cases: {len(cases) - len(failed_cases)} passed, {len(failed_cases)} failed"
         if unsaid:
             summary += f"; {len(unsaid)} rule(s) with a sentence no example renders"
+        unmatched = [r for r in results if r.kind == "pattern" and not r.ok]
+        if unmatched:
+            summary += f"; {len(unmatched)} rule(s) with a pattern no example matches"
         _write_text("\n".join(lines + [summary]) + "\n")
     return EXIT_ERROR_FINDING if failed else EXIT_OK

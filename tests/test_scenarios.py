@@ -152,3 +152,13 @@ def test_only_trained_modules_make_the_plan_and_mpdoctor_is_never_user_code(tmp_
     p, data = run(tmp_path, *script("double_target_huber.py"))
     assert top(data)["category"] == "dtype-mismatch"
     no_mpdoctor_frames(data)
+
+
+def test_lightnings_cpu_banner_is_a_choice_not_a_finding(tmp_path):
+    # issue 19 item 4: `GPU available: False, used: False` on a machine without a GPU is
+    # Lightning stating the accelerator it chose; the run trains fine and nothing is said
+    p, data = run(tmp_path, *script("lightning_cpu_banner_clean.py"))
+    assert p.returncode == 0
+    assert b"GPU available: False, used: False" in p.stdout + p.stderr  # the banner passed through
+    assert [f["rule"] for f in data["findings"] if f["severity"] in ("error", "warning")] == []
+    assert "cuda-unavailable" not in [f["category"] for f in data["findings"]]

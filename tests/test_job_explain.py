@@ -231,3 +231,22 @@ def test_the_job_reads_from_any_checkout_folder(tmp_path, capsys):
     shutil.copytree(JOBS / "rank-raises", copy)
     code, report, _ = explain_json(copy, capsys=capsys)
     assert code == 1 and report["job"]["first_failure"]["rank"] == 1
+
+
+# --- NCCL forms and timestamps -------------------------------------------------------------
+
+def test_nccl_watchdog_timeouts_are_fallout_of_the_rank_that_ran_out_of_memory(capsys):
+    # SLURM-style per-task files (train.%t.log), torch 2.x NCCL watchdog wording
+    code, report, _ = explain_json(JOBS / "nccl-oom-watchdog", capsys=capsys)
+    assert code == 1
+    first, cause = report["findings"][:2]
+    assert first["title"] == "Rank 1 failed first: The GPU ran out of memory (asked for 4.00 GiB)"
+    assert "3 rank(s) (0, 2, 3) timed out waiting for it" in first["explanation"]
+    assert cause["rule"] == "cuda-oom" and cause["ranks"] == [1]
+
+
+def test_two_ranks_failing_on_their_own_are_ordered_by_their_timestamps(capsys):
+    _, report, _ = explain_json(JOBS / "two-ooms-timestamps", capsys=capsys)
+    assert report["job"]["first_failure"] == {"rank": 2, "how": "timestamps",
+                                              "cause": "The GPU ran out of memory (asked for 4.00 GiB)"}
+    assert "by the time of each rank's first error" in report["findings"][0]["explanation"]

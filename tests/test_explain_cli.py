@@ -88,12 +88,12 @@ def test_json_contract_key_set_is_pinned(capsys):
     assert {"path", "bytes", "lines"} <= set(data["input"])
     (f, *_) = data["findings"]
     assert set(f) == {"rule", "category", "severity", "title", "explanation", "fixes", "evidence", "facts",
-                      "references", "count", "ranks", "consequence"}
+                      "references", "count", "ranks", "consequence", "likely"}
     assert all(set(e) == {"line", "text", "source"} for e in f["evidence"])
     assert f["rule"] == "cuda-oom" and f["category"] == "out-of-memory" and f["severity"] == "error"
     assert isinstance(f["fixes"], list) and isinstance(f["facts"], dict) and isinstance(f["references"], list)
     assert f["evidence"][0] == {"line": 19, "source": "log", "text": f["evidence"][0]["text"]}
-    assert f["count"] == 2 and f["ranks"] == [0, 1]
+    assert f["count"] == 2 and f["ranks"] == [0, 1] and f["likely"] is False
 
 
 def test_unrecognised_key_set_is_pinned(tmp_path, capsys):

@@ -307,8 +307,10 @@ def killed_without_traceback(v: RunView) -> Result:
 
 
 def rank_story(v: RunView) -> list[dict[str, Any]]:
-    """Per rank: what it did at the end: failed (first or later), timed out, waited and
-    was killed, was killed, or finished."""
+    """Per rank, what it did at the end, as data: `status` (a code the rank-summary rule
+    says in words: failed_first, failed, timed_out, lost_peer, waited_*, finished,
+    killed, killed_during, no_record), `killed` ("yes" when the launcher killed it after),
+    `when` (step, before_first) and `step`, `waited_in`, `during`, `exception`, `module`."""
     ranks = [p for p in v.watched if p.rank is not None]
     failures = sorted((p.first_exception.get("time", 0), p.rank) for p in ranks if p.first_exception)
     first_rank = failures[0][1] if failures else None
@@ -318,82 +320,86 @@ def rank_story(v: RunView) -> list[dict[str, Any]]:
         prog = p.data.get("progress") or {}
         step = prog.get("step", p.watch.get("step"))
         where = prog.get("where")
-        entry: dict[str, Any] = {"rank": p.rank, "pid": p.data.get("pid"), "step": step}
+        entry: dict[str, Any] = {"rank": p.rank, "pid": p.data.get("pid"), "step": step,
+                                 "when": None if step is None else ("step" if step >= 0 else "before_first")}
         if exc is not None:
             text = exc.get("exception", "").split("\n")[0]
             if any(w in text for w in ("timed out", "Timeout", "timeout")):
-                status = "timed out"
+                status = "timed_out"
             elif any(w in text for w in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                                          "NCCL communicator was aborted")):
-                status = "lost its peer"
+                status = "lost_peer"
             else:
-                status = "failed first" if p.rank == first_rank else "failed"
-            if status in ("timed out", "lost its peer") and where:
-                status = f"waited in {where.removeprefix('in ')} and {status}"
-            entry["status"] = status + (" and was killed" if p.data.get("exit") is None else "")
-            entry["exception"] = text
+                status = "failed_first" if p.rank == first_rank else "failed"
+            if status in ("timed_out", "lost_peer") and where:
+                status = "waited_" + status
+                entry["waited_in"] = where.removeprefix("in ")
+            entry["status"] = status
+            if p.data.get("exit") is None:
+                entry["killed"] = "yes"
+            entry["exception"] = text[:120]
             if exc.get("module"):
                 entry["module"] = exc["module"]
         elif p.data.get("exit") is not None:
             entry["status"] = "finished"
         elif where and where.startswith("in "):
-            entry["status"] = f"waited in {where[3:]} and was killed"
+            entry["status"] = "waited_killed"
+            entry["waited_in"] = where[3:]
+        elif where:
+            entry["status"], entry["during"] = "killed_during", where
         else:
-            entry["status"] = "was killed" + (f" during {where}" if where else "")
+            entry["status"] = "killed"
         out.append(entry)
     # a rank of the group that left nothing (killed before its first step) is part of the story
     seen = {e["rank"] for e in out}
     for r in range(v.world_size):
         if r not in seen and len(out) < 64:
-            out.append({"rank": r, "pid": None, "step": None, "status": "left no record (it never reached a step)"})
+            out.append({"rank": r, "pid": None, "step": None, "status": "no_record"})
     return sorted(out, key=lambda e: e["rank"])
 
 
-@check(facts=("story", "first_failed_rank", "ranks", "_details"))
+# what one rank's record may carry (the rank-summary rule's [each] templates say them)
+RANK_RECORD_FACTS = ("rank", "status", "killed", "when", "step", "waited_in", "during", "exception", "module")
+
+
+@check(facts=("story", "first_failed_rank", "ranks", "_first", "_others", "_details") + RANK_RECORD_FACTS)
 def rank_summary(v: RunView) -> Result:
     if not v.multi_rank:
         return []
     story = rank_story(v)
-    parts = []
-    for r in story:
-        s = f"rank {r['rank']} {r['status']}"
-        s += _at_step(r.get("step"))
-        if r.get("exception"):
-            s += f" ({r['exception'][:120]}" + (f", in `{r['module']}`" if r.get("module") else "") + ")"
-        parts.append(s)
-    first = next((r for r in story if r["status"] == "failed first"), None)
-    head = [f"Rank {first['rank']} failed first" + (f" in `{first['module']}`" if first.get("module") else "")
-            + _at_step(first.get("step"))] if first else []
-    title = "; ".join(head + [f"rank {r['rank']} {r['status']}" for r in story if r is not first])
-    return [Hit({"story": title, "first_failed_rank": first["rank"] if first else None, "ranks": len(story),
-                 "_details": "; ".join(parts)},
-                [("ranks", p) for p in parts])]
+    first = next((r for r in story if r["status"] == "failed_first"), None)
+    others = [r for r in story if r is not first]
+    return [Hit({"story": story, "first_failed_rank": first["rank"] if first else None, "ranks": len(story),
+                 "_first": [first] if first else None, "_others": others or None, "_details": story},
+                [("ranks", " ".join(f"{k}={r[k]}" for k in RANK_RECORD_FACTS if r.get(k) is not None))
+                 for r in story])]
 
 
-def _at_step(step: Any) -> str:
-    """" at step 3", " before the first step" (the child counts -1 before step 0)."""
-    if step is None:
-        return ""
-    return f" at step {step}" if step >= 0 else " before the first step"
+_PLAN_FACTS = ("requested", "autocast_dtype", "under_autocast", "trainable", "frozen", "scaler", "master",
+               "distributed_type", "num_processes")
 
 
-@check(facts=("summary",))
+@check(facts=_PLAN_FACTS)
 def precision_plan(v: RunView) -> Result:
     plan = v.plan
     if not plan:
         return Skip("no process recorded a precision plan")
     params = plan.get("params") or {}
-    trainable = ", ".join(f"{k} {n:,}" for k, n in (params.get("trainable") or {}).items()) or "none seen"
-    frozen = ", ".join(f"{k} {n:,}" for k, n in (params.get("frozen") or {}).items()) or "none"
-    bits = [f"requested {plan.get('requested') or 'nothing (no accelerate)'}",
-            f"first matmul ran in {plan.get('autocast_dtype') or '?'}"
-            + (" under autocast" if plan.get("autocast_enabled") else ""),
-            f"trained parameters {trainable}; frozen {frozen}",
-            f"GradScaler {'on' if plan.get('grad_scaler_enabled') else ('off' if plan.get('grad_scaler') else 'none')}",
-            f"fp32 master weights {'yes' if plan.get('fp32_master_weights') else ('no' if plan.get('fp32_master_weights') is False else '?')}"]
-    if plan.get("distributed_type"):
-        bits.append(f"{plan['distributed_type']} × {plan.get('num_processes')}")
-    return [Hit({"summary": "; ".join(bits) + "."}, [("plan", "; ".join(bits))])]
+    master = plan.get("fp32_master_weights")
+    facts = {
+        "requested": plan.get("requested") or "none",
+        "autocast_dtype": plan.get("autocast_dtype") or "unknown",
+        "under_autocast": "yes" if plan.get("autocast_enabled") else None,
+        "trainable": ", ".join(f"{k} {n:,}" for k, n in (params.get("trainable") or {}).items()) or "none",
+        "frozen": ", ".join(f"{k} {n:,}" for k, n in (params.get("frozen") or {}).items()) or "none",
+        "scaler": "on" if plan.get("grad_scaler_enabled") else ("off" if plan.get("grad_scaler") else "none"),
+        "master": "yes" if master else ("no" if master is False else "unknown"),
+        "distributed_type": plan.get("distributed_type"),
+        "num_processes": plan.get("num_processes"),
+    }
+    return [Hit(facts, [("plan." + k, plan.get(k)) for k in ("requested", "autocast_dtype", "autocast_enabled",
+                                                            "grad_scaler_enabled", "fp32_master_weights")
+                        if plan.get(k) is not None])]
 
 
 @check(facts=("errors", "first_error"))

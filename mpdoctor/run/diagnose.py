@@ -21,10 +21,10 @@ import os
 import sys
 from typing import Any
 
-from ..engine.assemble import merge_findings, supersede
+from ..engine.assemble import conclude
 from ..engine.judge import checks_in, judge_rules
 from ..engine.rule import Rule
-from ..findings import Finding, Report, Unrecognised, rank_findings
+from ..findings import Finding, Report, Unrecognised
 from ..redact import clip
 from . import checks as run_checks
 from .evidence import RunView, build_evidence, read_evidence
@@ -85,8 +85,7 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output:
     run_rules = [r for r in rules if r.kind == "run"]
     findings += [f for o in judge_rules(view, run_rules, _run_checks()) for f in o.findings]
 
-    findings = supersede(findings, by_id)
-    findings = merge_findings(findings, by_id, same_sighting=True)
+    findings = conclude(findings, by_id, same_sighting=True)
     # an exception the output already showed unrecognised is one entry, now with its module
     known = {u.exception.split(":")[0] + ":" + u.exception.split(":", 1)[-1][:60] for u in unrecognised}
     for u in exc_unknown:
@@ -106,16 +105,16 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output:
                                                   for p in view.watched for e in p.exceptions)
     trouble = (view.exit_code != 0 and not interrupted) or any(f.severity != "info" and not _quiet(f, by_id)
                                                                for f in findings)
-    if not trouble:  # the run went well: its summary is not news
-        findings = [f for f in findings if not (f.rule == "precision-plan")]
+    if not trouble:  # the run went well: its summaries are not news
+        findings = [f for f in findings if not (f.rule in by_id and by_id[f.rule].only_in_trouble)]
     extra: dict[str, Any] = {"exit_code": view.exit_code, "command": evidence.get("command") or []}
     if view.signal:
         extra["signal"] = view.signal
     if view.multi_rank:
-        extra["ranks"] = run_checks.rank_story(view)
+        extra["ranks"] = _said_ranks(run_checks.rank_story(view), by_id.get("rank-summary"))
     if view.plan:
         extra["precision_plan"] = view.plan
-    report = Report(findings=rank_findings(findings), unrecognised=unrecognised, extra=extra)
+    report = Report(findings=findings, unrecognised=unrecognised, extra=extra)
     report.quiet_rules = {r.id for r in rules if r.quiet}
     return report
 
@@ -142,6 +141,23 @@ def _explain_output(output: str, rules: list[Rule]) -> Report:
     for first_no, region in scanner.finish():
         lines.extend(normalise(region.decode("utf-8", "replace"), first_no))
     return explain_lines(lines, rules)
+
+
+def _said_ranks(story: list[dict[str, Any]], rule: Rule | None) -> list[dict[str, Any]]:
+    """The ranks' records for the JSON, each status in the rank-summary rule's words."""
+    if rule is None:
+        return story
+    from ..engine.assemble import apply_words
+
+    out = []
+    for r in story:
+        said = apply_words(rule, dict(r))
+        status = said.get("status") or r.get("status")
+        if said.get("killed"):
+            status += said["killed"]
+        out.append({k: v for k, v in {**r, "status": status}.items() if k not in ("killed", "when", "waited_in",
+                                                                                     "during")})
+    return out
 
 
 def _interruption(exception: str) -> bool:

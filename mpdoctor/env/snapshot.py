@@ -209,6 +209,9 @@ def normalise_snapshot(data: Any, repair: bool = False) -> dict[str, Any]:
     for section, key in _LISTS:
         if data[section].get(key) is None:
             data[section][key] = []
+    for gpu in data["nvml"]["gpus"]:  # a list the rules iterate: null is an empty one
+        if isinstance(gpu, dict) and gpu.get("processes") is None and "processes" in gpu:
+            gpu["processes"] = []
     for section in ("nvml", "torch"):
         if not isinstance(data[section].get("status"), str):
             data[section]["status"] = "unknown"

@@ -162,7 +162,7 @@ class EnvView:
         return self.snap["packages"]["versions"].get(name)
 
     def requires(self, name: str) -> list[str]:
-        return list(self.snap["packages"]["requires"].get(name, []))
+        return list(self.snap["packages"]["requires"].get(name) or [])  # null: nothing declared
 
     @property
     def accelerate(self) -> str | None:

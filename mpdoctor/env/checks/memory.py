@@ -22,7 +22,7 @@ def gpu_memory_held(v: EnvView) -> Result:
         others = [p for p in g.get("processes", []) if not p.get("mpdoctor") and p.get("used_memory_bytes")]
         held = sum(p["used_memory_bytes"] for p in others)
         basis = "processes"
-        if not others and mem.get("used_bytes", 0) > 0.5 * total:
+        if not others and (mem.get("used_bytes") or 0) > 0.5 * total:
             held, basis = mem["used_bytes"], "used"  # a container cannot see the other processes
         if held < 0.25 * total:
             continue

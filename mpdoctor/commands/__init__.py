@@ -54,6 +54,7 @@ ENV_VARS: dict[str, str] = {
     "MPDOCTOR_NVML_TIMEOUT": "SECONDS: how long the NVML (driver) query may take to answer",
     "MPDOCTOR_WATCH_EVERY": "N: instrument every Nth step (1)",
     "MPDOCTOR_SAVE_EVENTS": "FILE: keep the wrapped run's recorded events (as fixtures are made)",
+    "MPDOCTOR_JOB_DIR": "DIR: a folder shared by every node of a job (like run --job-dir)",
     "MPDOCTOR_SAVE_PROBE": "DIR: keep each probe mode's evidence (as fixtures are made)",
     "MPDOCTOR_INSTRUMENT_FAIL": "1: make the instrumentation fail on purpose (it must fail open)",
     "MPDOCTOR_PROBE_FAULT": "MODE:KIND[,...]: make a probe mode fail for real (testing)",

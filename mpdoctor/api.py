@@ -51,8 +51,13 @@ class Watcher:
         return self.report(rules).findings
 
     def report(self, rules: list[Any] | None = None) -> Any:
+        from .diagnosis.run import judge_run
         from .env.inprocess import collect_in_process
-        from .run.diagnose import judge_run
+
+        if rules is None:
+            from .rulebase import load
+
+            rules = load()
 
         r = self.recorder
         r.settle()

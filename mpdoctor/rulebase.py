@@ -67,8 +67,8 @@ def case_runners() -> "dict[str, CaseRunner]":
         # the example's log explained, then its top finding refined on the snapshot's machine
         import json
 
+        from .diagnosis.sharpen import mode_hint, refinement_findings
         from .env.judge import make_view
-        from .env.sharpen import mode_hint, refinement_findings
 
         found = explain_case(rule, ex, rules)
         if not found:
@@ -86,7 +86,7 @@ def case_runners() -> "dict[str, CaseRunner]":
 
             return snapshot_case(path, rules)
         if kind == "events":
-            from .run.diagnose import events_case
+            from .diagnosis.run import events_case
 
             return events_case(path, rules)
         from .probe.judge import probe_case

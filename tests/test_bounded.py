@@ -168,7 +168,8 @@ def _builtin_sources() -> list[tuple[str, str, str]]:
 def test_every_builtin_rule_pattern_passes_the_checker_user_rules_pass():
     """No exemption for the built-in rules: each pattern, as the loader compiles it (tolerant
     form), passes check_bounded with the shape checks a user's rule gets."""
-    from mpdoctor.engine.patterns import PatternError, check_bounded, tolerant
+    from mpdoctor.engine.backtracking import check_bounded
+    from mpdoctor.engine.patterns import PatternError, tolerant
 
     sources = _builtin_sources()
     assert len(sources) > 500
@@ -236,7 +237,7 @@ def test_a_box_corner_and_2kb_of_spaces(tmp_path):
         assert took < 0.5
     path = tmp_path / "box.log"
     path.write_text(("╭" + " " * 1990 + "x\n") * 50)
-    assert _timed(lambda: explain_path(path), 20) < 5
+    assert _timed(lambda: explain_path(path, rulebase.load()), 20) < 5
 
 
 def test_a_rich_box_still_unwraps():
@@ -404,5 +405,5 @@ def test_explain_text_of_many_chained_tracebacks_through_normalise():
     text = "".join(f"Traceback (most recent call last):\n  File \"t.py\", line {i}, in f\n"
                    f"ValueError: bad {i}\n\nDuring handling of the above exception, another exception occurred:\n\n"
                    for i in range(3000))
-    took = _timed(lambda: explain_text(text), 30)
+    took = _timed(lambda: explain_text(text, rulebase.load()), 30)
     assert took < 10

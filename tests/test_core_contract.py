@@ -74,7 +74,7 @@ def test_accelerate_torch_requirement_from_the_table_when_metadata_has_none():
 
     snap = json.loads((SNAPS / "accelerate-no-requires-old-torch.json").read_text())
     assert "accelerate" not in snap["packages"]["requires"]
-    found = {f.rule: f for f in judge(snap).findings}
+    found = {f.rule: f for f in judge(snap, rules=RULES).findings}
     f = found["accelerate-needs-newer-torch"]
     assert f.facts["where"] == "accelerate's setup.py (mpdoctor table)"
     assert f.facts["spec"] == ">=2.6.0"
@@ -100,8 +100,8 @@ ValueError: Attempting to unscale FP16 gradients.
 
 
 def test_the_gpu_evidence_is_kept_when_a_bf16_finding_is_sharpened_on_a_pre_ampere_gpu():
+    from mpdoctor.diagnosis.sharpen import refinement_findings
     from mpdoctor.env.judge import make_view
-    from mpdoctor.env.sharpen import refinement_findings
     from mpdoctor.logs import explain_text
 
     log = ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx( handle, opa, opb, m, "
@@ -165,10 +165,10 @@ def _same_words(f) -> None:
 def test_every_finding_of_every_face_rerenders_from_its_rule_and_facts():
     """No face edits a finding's words after its rule rendered them: each finding (log,
     env, run, probe; sharpened and likely ones included) is what its rule says on its facts."""
+    from mpdoctor.diagnosis.run import events_case
     from mpdoctor.env.judge import snapshot_case
     from mpdoctor.logs import explain_path
     from mpdoctor.probe.judge import probe_case
-    from mpdoctor.run.diagnose import events_case
 
     seen: set[str] = set()
     for path in sorted((ROOT / "fixtures" / "logs" / "real").glob("*.log")):
@@ -193,7 +193,7 @@ def test_every_finding_of_every_face_rerenders_from_its_rule_and_facts():
 
 
 def test_a_sharpened_finding_rerenders_from_its_rules(tmp_path):
-    from mpdoctor.env.sharpen import sharpen_with
+    from mpdoctor.diagnosis.sharpen import sharpen_with
     from mpdoctor.logs import explain_text
 
     text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
@@ -207,7 +207,7 @@ def test_a_sharpened_finding_rerenders_from_its_rules(tmp_path):
 
 
 def test_the_rank_summary_and_precision_plan_are_said_by_their_rules():
-    from mpdoctor.run.diagnose import events_case
+    from mpdoctor.diagnosis.run import events_case
 
     found = {f.rule: f for f in events_case(str(ROOT / "fixtures" / "events" / "two-ranks-rank1-fails.json"), RULES)}
     summary = found["rank-summary"]

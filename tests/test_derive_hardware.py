@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from mpdoctor import rulebase
 from mpdoctor.engine.derive import run_deriver
 from mpdoctor.engine.derive.hardware import (
     build_hint,
@@ -135,6 +136,6 @@ def test_explain_reads_the_driver_story_out_of_a_log():
     log = """PyTorch version: 2.1.0+cu121
 | NVIDIA-SMI 470.86       Driver Version: 470.86       CUDA Version: 11.4     |
 RuntimeError: The NVIDIA driver on your system is too old (found version 11040). Please update your GPU driver."""
-    top = explain_text(log).findings[0]
+    top = explain_text(log, rulebase.load()).findings[0]
     assert top.category == "driver-too-old"
     assert "CUDA 11.4" in top.explanation and "525.60.13" in top.explanation

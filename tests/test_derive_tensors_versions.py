@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mpdoctor import rulebase
 from mpdoctor.engine.derive import run_deriver
 from mpdoctor.engine.derive.tensors import device_name, op_of
 from mpdoctor.engine.derive.versions import demangle, library_info
@@ -60,9 +61,9 @@ def test_libraries_and_symbols():
 def test_input_weight_message_is_read_as_dtype_or_device():
     """The same torch message is two different problems depending on what differs."""
     dtype = explain_text("RuntimeError: Input type (torch.cuda.HalfTensor) and weight type "
-                         "(torch.cuda.FloatTensor) should be the same\n")
+                         "(torch.cuda.FloatTensor) should be the same\n", rulebase.load())
     device = explain_text("RuntimeError: Input type (torch.FloatTensor) and weight type "
-                          "(torch.cuda.FloatTensor) should be the same\n")
+                          "(torch.cuda.FloatTensor) should be the same\n", rulebase.load())
     assert [f.category for f in dtype.findings][:1] == ["dtype-mismatch"]
     assert [f.category for f in device.findings][:1] == ["device-mismatch"]
     assert device.findings[0].facts["input_device"] == "cpu"

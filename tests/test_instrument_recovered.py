@@ -44,12 +44,13 @@ def test_run_fail_on_error_keeps_exit_0_after_a_recovered_oom(tmp_path: Path) ->
 def test_an_oom_nothing_trained_after_is_still_the_error() -> None:
     """The look-alike (the rule's near miss): every batch size ran out of memory, the
     decorator gave up; recorded by the same script with `never-fits`."""
-    from mpdoctor.run.diagnose import judge_run
+    from mpdoctor import rulebase
+    from mpdoctor.diagnosis.run import judge_run
     from mpdoctor.run.evidence import read_evidence
 
     evidence = read_evidence(str(EVENTS / "oom-retried-never-fits.json"))
     assert evidence["exit_code"] == 1 and not evidence["processes"][0]["watch"]["recovered"]
-    found = judge_run(evidence).findings
+    found = judge_run(evidence, rulebase.load()).findings
     assert found[0].severity == "error" and found[0].category == "out-of-memory"
     assert "oom-recovered" not in [f.rule for f in found]
 

@@ -187,9 +187,10 @@ FOOTER = ["Recommendation: no: no mixed-precision mode beat fp32 on this machine
 
 def _probe_report() -> Report:
     from mpdoctor.env.judge import judge
+    from mpdoctor import rulebase
     from mpdoctor.env.snapshot import read_snapshot_file
 
-    report = judge(read_snapshot_file(str(SNAPS / "dev-cpu-fp16.json")))
+    report = judge(read_snapshot_file(str(SNAPS / "dev-cpu-fp16.json")), rules=rulebase.load())
     lines = ["(the probe's own fixed-width table)"] + FOOTER
     report.extra["probe"] = {"ran": True, "lines": lines, "table": PROBE_TABLE, "footer": FOOTER}
     return report

@@ -54,6 +54,7 @@ def _expected(expr: str) -> tuple[list[str], str]:
     process, and the traceback text."""
     import torch  # noqa: F401  (the expression needs it)
 
+    from mpdoctor import rulebase
     from mpdoctor.logs import explain_text
 
     try:
@@ -62,7 +63,7 @@ def _expected(expr: str) -> tuple[list[str], str]:
         text = traceback.format_exc()
     else:  # pragma: no cover
         raise AssertionError(f"{expr} did not raise")
-    return [f.title for f in explain_text(text).findings], text
+    return [f.title for f in explain_text(text, rulebase.load()).findings], text
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
+from mpdoctor import rulebase
 from mpdoctor.logs import explain_text  # noqa: E402
 
 
@@ -68,7 +69,7 @@ CASES = [
 @pytest.mark.parametrize("rule, fn", CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(CASES)])
 def test_real_message_is_diagnosed(rule, fn):
     log = _raised(fn)
-    report = explain_text(log)
+    report = explain_text(log, rulebase.load())
     top = [f.rule for f in report.findings][:1]
     assert top == [rule], f"{top} for:\n{log.splitlines()[-1]}"
     assert report.findings[0].facts, "facts should be read out of the message"

@@ -383,7 +383,7 @@ def _strings_into(doc: dict, text: str, secret_env: tuple[str, str]) -> dict:
 @given(planted=planted_secret(), env_name=st.sampled_from(["HF_TOKEN", "WANDB_API_KEY", "HF_HUB_PASS"]), value=VALUE)
 def test_no_secret_in_a_saved_events_file(tmp_path, planted, env_name, value):
     """MPDOCTOR_SAVE_EVENTS held the process's HF_TOKEN and `--hub_token X` verbatim: the
-    document is written through redact_record (run/diagnose.py)."""
+    document is written through redact_record (diagnosis/run.py)."""
     from mpdoctor.redact import redact_record
 
     text, secret = planted

@@ -126,8 +126,9 @@ def test_cuda_oom_context_from_the_allocator_figures() -> None:
     """The OOM context a child reads on CUDA (memory_stats, mem_get_info, the snapshot's
     blocks attributed to the watched tensors), through a recorded fixture and the same
     code path, into the finding a user reads."""
+    from mpdoctor import rulebase
+    from mpdoctor.diagnosis.run import judge_run
     from mpdoctor.instrument.context import summarise_device_memory
-    from mpdoctor.run.diagnose import judge_run
 
     rec = json.loads((ROOT / "fixtures" / "events" / "cuda-oom-allocator.json").read_text())
     dev = summarise_device_memory(rec["raw"], [tuple(o) for o in rec["owners"]])
@@ -146,7 +147,7 @@ def test_cuda_oom_context_from_the_allocator_figures() -> None:
     err["context"]["memory"]["device"] = dev
     proc["exceptions"] = [{"type": "exception", "time": err["time"], "step": 0, "module": err["module"],
                            "exception": rec["exception"]}]
-    top = judge_run(evidence).findings[0]
+    top = judge_run(evidence, rulebase.load()).findings[0]
     assert top.category == "out-of-memory"
     words = top.facts["memory_context"]
     assert "device cuda:0: allocated 18.81 GiB, reserved 22.06 GiB" in words

@@ -115,7 +115,7 @@ def main(args: Namespace) -> int:
     environment = None
     if args.snapshot or args.here:
         try:
-            snap = _sharpen(report, args.snapshot, args.here)
+            snap = _sharpen(report, args.snapshot, args.here, rules)
         except (OSError, ValueError) as exc:
             return fail(f"cannot use the snapshot: {exc}")
         if args.format == "markdown":
@@ -155,12 +155,12 @@ def _explain_job(args: Namespace, paths: list[str]) -> int:
     return EXIT_ERROR_FINDING if report.has_error else EXIT_OK
 
 
-def _sharpen(report: Any, snapshot_path: str | None, here: bool) -> dict[str, Any]:
+def _sharpen(report: Any, snapshot_path: str | None, here: bool, rules: Any) -> dict[str, Any]:
     """Sharpen the findings with a snapshot (the file, or this machine collected once);
     the snapshot is returned for the markdown environment block."""
+    from ..diagnosis.sharpen import sharpen_with
     from ..env import collect, load_snapshot
-    from ..env.sharpen import sharpen_with
 
     snap = load_snapshot(snapshot_path) if snapshot_path else collect()
-    sharpen_with(report, snap, snapshot_path or "live")
+    sharpen_with(report, snap, snapshot_path or "live", rules)
     return snap

@@ -50,7 +50,7 @@ def add_arguments(p: Any) -> None:
 
 
 def main(args: Namespace) -> int:
-    from ..run.diagnose import diagnose
+    from ..diagnosis.run import diagnose
     from ..run.wrapper import CommandNotRunnable, run_command
 
     cmd = list(args.cmd or [])

@@ -26,8 +26,8 @@ from ..engine.judge import checks_in, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding, Report, Unrecognised
 from ..redact import clip
-from . import checks as run_checks
-from .evidence import RunView, build_evidence, read_evidence
+from ..run import checks as run_checks
+from ..run.evidence import RunView, build_evidence, read_evidence
 
 _MODES = ("no", "fp16", "bf16", "fp8")
 _CHECKS: dict[str, Any] | None = None
@@ -40,7 +40,7 @@ def _run_checks() -> dict[str, Any]:
     return _CHECKS
 
 
-def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Rule] | None = None) -> Report:
+def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Rule]) -> Report:
     """The report of one wrapped run (result: run.wrapper.ChildResult; records: the
     processes' instrument.events.RankRecord)."""
     evidence = build_evidence(cmd, result, records)
@@ -60,15 +60,11 @@ def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Rule] 
     return report
 
 
-def judge_run(evidence: dict[str, Any], rules: list[Rule] | None = None, output: str = "",
+def judge_run(evidence: dict[str, Any], rules: list[Rule], output: str = "",
               observed: dict[str, Any] | None = None, requested_from: str = "the Accelerator of this run") -> Report:
     """The run's evidence judged by every kind of rule. `output`: what the command
     printed (the log rules read it); `observed`: facts another face measured about this
     run (the probe's speed-up) for the env rules."""
-    if rules is None:
-        from ..rulebase import load
-
-        rules = load()
     by_id = {r.id: r for r in rules}
     view = RunView(evidence)
     findings: list[Finding] = []

@@ -66,7 +66,7 @@ def mode_hint(f: Finding) -> str | None:
 def refinement_findings(f: Finding, view: Any, rules: list[Rule]) -> list[Finding]:
     """The refinement rules' findings for log finding `f` on the machine `view` (made
     for `f`'s precision): each says one thing the machine settles."""
-    from .judge import env_checks
+    from ..env.judge import env_checks
 
     mine = [r for r in rules if r.kind == "env" and f.category in r.refines]
     if not mine:
@@ -126,21 +126,17 @@ def sharpen_finding(f: Finding, view_for: Any, rules: list[Rule], by_id: dict[st
     f.all_facts = fresh.all_facts
 
 
-def sharpen_with(report: Report, snap: dict[str, Any], source: str, rules: list[Rule] | None = None) -> None:
+def sharpen_with(report: Report, snap: dict[str, Any], source: str, rules: list[Rule]) -> None:
     """Amend the findings of `report` with the facts of the snapshot `snap` (judged once
     per precision a finding hints at)."""
-    from .judge import judge, make_view
+    from ..env.judge import judge, make_view
 
-    if rules is None:
-        from ..rulebase import load
-
-        rules = load()
     by_id = {r.id: r for r in rules}
     cache: dict[str | None, tuple[Any, Report]] = {}
 
     def view_for(hint: str | None) -> tuple[Any, Report]:
         if hint not in cache:
-            cache[hint] = (make_view(snap, hint), judge(snap, mixed_precision=hint, source=source))
+            cache[hint] = (make_view(snap, hint), judge(snap, mixed_precision=hint, rules=rules, source=source))
         return cache[hint]
 
     for f in report.findings:

@@ -183,7 +183,7 @@ class Rule:
         # shown only when the run is in trouble (failed, or another finding speaks): a
         # summary that is no news after a run that went well
         self.only_in_trouble = only_in_trouble
-        # a refinement (env.sharpen): the machine's facts under a log finding of these
+        # a refinement (diagnosis.sharpen): the machine's facts under a log finding of these
         # categories; its sentences go first or last, its fixes too (fix_position), and
         # only when no machine error finding explains the log already (fix_when_alone)
         self.refines = refines or []

@@ -69,11 +69,7 @@ def run_rules(view: EnvView, rules: list[Rule], observed: dict[str, Any] | None 
         raise EnvRuleError(str(exc)) from None
 
 
-def env_rules(rules: list[Rule] | None = None) -> list[Rule]:
-    if rules is None:
-        from ..rulebase import load
-
-        rules = load()
+def env_rules(rules: list[Rule]) -> list[Rule]:
     return [r for r in rules if r.kind == "env" and not r.refines]  # refinements speak under a log finding
 
 
@@ -272,7 +268,7 @@ def _checklist(view: EnvView, outcomes: list[RuleOutcome], modes: list[dict[str,
     }
 
 
-def judge(snapshot: dict[str, Any], *, mixed_precision: str | None = None, rules: list[Rule] | None = None,
+def judge(snapshot: dict[str, Any], *, rules: list[Rule], mixed_precision: str | None = None,
           source: str = "live", observed: dict[str, Any] | None = None,
           requested_from: str = "--mixed-precision") -> Report:
     """The environment report: ranked findings, and in `extra` the checklist, the

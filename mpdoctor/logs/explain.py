@@ -57,27 +57,19 @@ def explain_lines(lines: list[LogLine], rules: list[Rule], extra_facts: dict[str
     return Report(findings=findings, unrecognised=unrecognised)
 
 
-def explain_text(text: str, rules: list[Rule] | None = None, extra_facts: dict[str, Any] | None = None) -> Report:
+def explain_text(text: str, rules: list[Rule], extra_facts: dict[str, Any] | None = None) -> Report:
     """Explain a log held in memory (the run wrapper's tail, a rule's example, an
     exception a run recorded). `extra_facts`: what another face observed around the
     text (the module that raised it), for the templates."""
-    if rules is None:
-        from ..rulebase import load
-
-        rules = load()
     report = explain_lines(normalise(text), rules, extra_facts)
     report.input = {"bytes": len(text.encode("utf-8", "replace")), "lines": text.count("\n") + 1}
     return report
 
 
-def explain_path(path: "str | Path", rules: list[Rule] | None = None, progress: Progress | None = None) -> Report:
+def explain_path(path: "str | Path", rules: list[Rule], progress: Progress | None = None) -> Report:
     """Explain a file (or '-' for stdin) of any size. Raises read.InputError.
 
     `progress(bytes_read, total)` is called while a big log is being read."""
-    if rules is None:
-        from ..rulebase import load
-
-        rules = load()
     log = read_log(str(path), lambda: prefilter_for(rules), progress)
     lines: list[LogLine] = []
     for first_no, text in log.regions:

@@ -1,5 +1,5 @@
 """One probe mode judged by the rule base: the probe rules over its measurements, and,
-through run.diagnose, the run rules over what the watch saw and the env rules over the
+through diagnosis.run, the run rules over what the watch saw and the env rules over the
 environment the mode's child ran in (with what the probe measured as observed facts).
 A failed mode's stderr is read by the log rules, as `explain` would read it."""
 
@@ -43,7 +43,7 @@ def judge_failed_mode(mode: str, stderr: str, rules: list[Rule]) -> tuple[list[F
 
 
 def judge_mode(evidence: dict[str, Any], rules: list[Rule], stderr: str = "") -> list[Finding]:
-    from ..run.diagnose import judge_run
+    from ..diagnosis.run import judge_run
 
     view = ProbeView(evidence)
     by_id = {r.id: r for r in rules}

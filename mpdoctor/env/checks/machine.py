@@ -3,7 +3,7 @@
 These checks judge refinement rules (`refines = [categories]` in rules/env/machine-*.toml):
 a log says what failed, the snapshot says on what. They never speak in `check` on their
 own. The view carries the precision the log finding is about (`v.hint`: "bf16", "fp16",
-"fp8" or None), set by env.sharpen.
+"fp8" or None), set by diagnosis.sharpen.
 """
 
 from __future__ import annotations

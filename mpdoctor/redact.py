@@ -201,7 +201,7 @@ _NETRC = _Lazy(r"(?m)(?:(?<![A-Za-z0-9_.-])(?:(?:machine[ \t]+\S+|default)[ \t]+
                r"(?:account[ \t]+\S+[ \t]+)?|login[ \t]+\S+[ \t]+)|^[ \t]*(?=(?:password|passwd)[ \t]+\S+[ \t]*$))"
                r"(?P<name>password|passwd)[ \t]+(?P<val>[^\s|]+)")
 # a login call's key (`wandb.login(key="...")`, `wandb.login(key='...', relogin=True)`)
-_LOGIN_CALL = _Lazy(r"(?i)(?<![A-Za-z0-9_])login[ \t]*\((?P<args>[^()\n]{0,400})\)")
+_LOGIN_CALL = _Lazy(r"(?<![A-Za-z0-9_])login[ \t]*\((?P<args>[^()\n]{0,400})\)")
 _CALL_KEY = _Lazy(r"(?<![A-Za-z0-9_])(?P<pre>(?:key|api_key|token)[ \t]*=[ \t]*)(?P<q>[\"']?)(?P<val>[^\"',)\s]+)(?P=q)")
 _KEY_HEX_VALUE = _Lazy(r"(\\{0,2}[\"']?)[0-9a-fA-F]{32,}(?![0-9A-Za-z_])\1")
 # --flag value / --flag=value / -flag value inside a line
@@ -405,10 +405,12 @@ def redact_text(text: str) -> str:
         text = _QUERY.sub(_sub_query, text)
     if any(lit in text for lit in _TOKEN_LITERALS):
         text = _TOKEN_SHAPES.sub(REDACTED, text)
-    low = text.lower() if text.isascii() else None
-    if low is None or "bearer" in low or "basic" in low or "token" in low:
+    # the caseless patterns' literals looked for in the text folded as the patterns fold
+    # it (casefold also maps the long s and the Kelvin sign that re's IGNORECASE takes)
+    low = text.lower() if text.isascii() else text.casefold()
+    if "bearer" in low or "basic" in low or "token" in low:
         text = _BEARER.sub(_sub_bearer, text)
-    if low is None or "wandb" in low:
+    if "wandb" in low:
         text = _WANDB_LOGIN.sub(lambda m: m.group("pre") + REDACTED, text)
     if "-" in text:
         text = _redact_named(text, _FLAG_HEAD, _is_secret_name_in_text, _VALUE_ARG)
@@ -416,9 +418,9 @@ def redact_text(text: str) -> str:
         text = _redact_quoted(text)
     if "=" in text or ":" in text:
         text = _redact_named(text, _ASSIGN_HEAD, _is_secret_name_in_text, _VALUE_BARE)
-    if low is None or "pass" in low:
+    if "password" in text or "passwd" in text:
         text = _NETRC.sub(lambda m: m.group(0)[: m.start("val") - m.start()] + REDACTED, text)
-    if low is None or "login" in low:
+    if "login" in text:
         text = _LOGIN_CALL.sub(_sub_login_call, text)
     if "…" in text or ("://" in text and _url_cut_at_the_end(text)):
         text = _CLIPPED.sub(_sub_clipped, text)

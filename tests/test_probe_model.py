@@ -274,3 +274,60 @@ def test_max_batch_is_within_one_step_of_the_true_limit_under_a_memory_cap(tmp_p
     true_limit = max(fitting)
     assert true_limit < max(sizes), "the cap did not bind near the probe's answer"
     assert abs(found - true_limit) <= step, (found, true_limit, fitting)
+
+
+# -- a save_pretrained folder (the Hugging Face convention) ------------------------------------
+
+@live
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is needed for a save_pretrained folder")
+def test_a_save_pretrained_folder_is_loaded_with_its_weights(tmp_path):
+    """`probe --model tiny-llama`, the folder `LlamaForCausalLM.save_pretrained` wrote
+    (offline, nothing from the Hub): its own weights are trained, not a fresh model.
+    The lm_head is scaled before saving so its outputs are far larger than a freshly
+    initialised model's: the headroom the user reads is the saved model's."""
+    code = textwrap.dedent('''
+        import sys, torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=128, max_position_embeddings=32)
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(500.0)
+        model.save_pretrained(sys.argv[1])
+    ''')
+    made = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tiny-llama")], capture_output=True,
+                          text=True, timeout=180, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert (tmp_path / "tiny-llama" / "config.json").exists()
+    out = _probe("--model", "tiny-llama", "--modes", "no", "--steps", "2", "--seq-len", "8", cwd=tmp_path,
+                 env={"COLUMNS": "80", "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    text = out.stdout
+    assert "not a built-in model" not in out.stderr and "no such file" not in out.stderr
+    said = " ".join(line.strip() for line in text.splitlines())  # the 80-column lines joined again
+    assert "Model: LlamaForCausalLM from tiny-llama (" in said
+    assert "weights from model.safetensors" in said
+    assert all(len(line) <= 80 and line == line.rstrip() for line in text.splitlines() if "http" not in line)
+    # the saved lm_head (x500) is the module closest to fp16's limit, at hundreds of times a fresh one's
+    head = next(line for line in text.splitlines() if line.startswith("  no (against fp16's 65504):"))
+    assert head.split(":", 1)[1].split()[0] == "lm_head", head
+    # and the trailing-slash path form names the same folder
+    from mpdoctor.probe.spec import parse_model_spec
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        spec = parse_model_spec("./tiny-llama/")
+    finally:
+        os.chdir(cwd)
+    assert spec["kind"] == "pretrained" and spec["folder"] == str(tmp_path / "tiny-llama")
+    assert spec["weights"] == "model.safetensors"
+
+
+def test_a_folder_without_a_config_is_exit_2(tmp_path):
+    (tmp_path / "weights-only").mkdir()
+    out = _probe("--model", "weights-only", cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert "the folder 'weights-only' has no config.json" in out.stderr

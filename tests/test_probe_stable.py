@@ -165,29 +165,35 @@ def test_markdown_is_a_real_table_and_no_line_is_a_code_block():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LIVE, reason="torch and accelerate are needed for live probe runs")
-def test_the_modes_are_timed_in_turn(tmp_path):
-    """fp32 and bf16 children alive together, timed one after the other, round by round;
-    the JSON says how many rounds and the terminal at 80 columns keeps its promises."""
-    env = {**os.environ, "MPDOCTOR_SAVE_PROBE": str(tmp_path), "COLUMNS": "80"}
-    out = subprocess.run([sys.executable, "-m", "mpdoctor", "probe", "--model", "mlp", "--modes", "no,bf16",
-                          "--steps", "4", "--format", "json"], capture_output=True, text=True, cwd=ROOT, env=env,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    data = json.loads(out.stdout)
-    assert data["options"]["rounds"] == 3 and data["options"]["warmup"] == 1
+def test_the_modes_are_timed_in_turn(tmp_path, monkeypatch):
+    """fp32 and bf16 children alive together, timed one after the other, round by round
+    (their rounds' start times on the system-wide clock alternate, the first of each
+    round turning); three rounds are too few for an interval, and the report says so."""
+    from mpdoctor.probe import run_probe
+    from mpdoctor.probe.report import to_text_lines
+
+    monkeypatch.setenv("MPDOCTOR_SAVE_PROBE", str(tmp_path))
+    opts = ProbeOptions(modes=["no", "bf16"], model="mlp", steps=4, warmup=1, max_steps=4, round_steps=1,
+                        batch_size=8)
+    report = run_probe(opts)
+    data = report.to_dict()
+    assert data["options"]["rounds"] == 3
     no, bf16 = data["modes"]
-    assert no["rounds"] == bf16["rounds"] == 3
+    assert no["ok"] and bf16["ok"] and no["rounds"] == bf16["rounds"] == 3
     starts = []
     for mode in ("no", "bf16"):
         result = json.loads((tmp_path / f"probe-{mode}.json").read_text())["result"]
-        assert len(result["round_times_s"]) == 3 and all(len(r) == 1 for r in result["round_times_s"])
+        assert [len(r) for r in result["round_times_s"]] == [1, 1, 1] and len(result["step_times_s"]) == 4
         starts += [(t, mode) for t in result["round_started_s"]]
     order = [m for _, m in sorted(starts)]
-    # each round has both modes, the first of a round turning: no bf16 | bf16 no | no bf16
     assert order == ["no", "bf16", "bf16", "no", "no", "bf16"], order
-    # three rounds are too few for an interval: the speed-up is not given as a number
-    assert bf16["speedup_reliable"] is False
-    assert data["recommendation"]["timings_reliable"] is False
+    assert bf16["speedup_reliable"] is False and data["recommendation"]["timings_reliable"] is False
+    lines = to_text_lines(report, width=80)
+    speed = next(x for x in lines if x.startswith("speed-up"))
+    assert speed.split()[-4:-1] == ["over", "3", "rounds)"] or speed.endswith("over 3 rounds)"), speed
+    assert "bf16: only 3 timed rounds, too few to judge" in " ".join(x.strip() for x in lines)
+    # the overhead pairs ran alone, after the rounds, in the fp32 child
+    assert data["overhead"]["steps"] >= 1 and data["overhead"]["reliable"] in (True, False)
 
 
 # -- a core install beside the training environment ----------------------------------------

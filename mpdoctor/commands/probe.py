@@ -32,7 +32,7 @@ EXIT_OK, EXIT_NO_MODE_WORKS, EXIT_CANNOT_PROBE = 0, 1, 2
 
 
 def add_arguments(p: Any) -> None:
-    from ..cli import add_output_options
+    from . import add_output_options
 
     add_output_options(p, formats=("terminal", "json", "markdown"))
     p.add_argument("--modes", default="no,fp16,bf16,fp8", help="comma-separated modes out of no, fp16, bf16, fp8 (default: all four)")
@@ -88,7 +88,7 @@ def options_from_args(args: Namespace) -> Any:
     if opts.model_spec:
         # a real model's step costs far more than the toy's: fewer, still past the
         # warm-up, one step per mode and round, and longer for the rounds to settle
-        opts.steps, opts.warmup, opts.overhead_steps, opts.round_steps, opts.round_budget_s = 8, 3, 2, 1, 60.0
+        opts.steps, opts.warmup, opts.round_steps, opts.round_budget_s = 8, 3, 1, 60.0
     if args.steps is not None:
         # asked for: exactly that many, the timed ones one per mode and round
         opts.steps = opts.max_steps = args.steps

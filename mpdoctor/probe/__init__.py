@@ -103,30 +103,31 @@ def run_probe_with_progress(opts: ProbeOptions, *, progress: bool = True) -> Pro
 
 
 class _ProgressBar:
-    """Modes and steps on stderr, only on a terminal."""
+    """One line per mode on stderr, only on a terminal: the children start together and
+    are timed in turn, so every mode's phase and steps show at once."""
 
     def __init__(self, opts: ProbeOptions) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        n_modes = len(set(opts.modes) | {"no"})
+        self.total = opts.steps
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        self.modes = self.progress.add_task("modes", total=n_modes)
-        self.steps = self.progress.add_task("steps", total=opts.steps)
+        self.tasks: dict[str, Any] = {}
         self.progress.start()
 
     def update(self, mode: str, event: dict[str, Any]) -> None:
         kind = event.get("event")
-        if kind == "start":
-            self.progress.update(self.modes, description=f"mode {mode}")
-            self.progress.reset(self.steps, description="starting")
-        elif kind == "phase":
-            self.progress.update(self.steps, description=str(event.get("name")))
+        task = self.tasks.get(mode)
+        if task is None:
+            task = self.tasks[mode] = self.progress.add_task(f"mode {mode}: starting", total=self.total)
+        if kind == "phase":
+            self.progress.update(task, description=f"mode {mode}: {event.get('name')}")
         elif kind == "step":
-            self.progress.update(self.steps, completed=event.get("step", 0))
+            step = int(event.get("step", 0))
+            self.progress.update(task, completed=step, total=max(self.total, step))
         elif kind == "end":
-            self.progress.advance(self.modes)
+            self.progress.update(task, description=f"mode {mode}: {'done' if event.get('ok') else 'failed'}")
 
     def close(self) -> None:
         self.progress.stop()

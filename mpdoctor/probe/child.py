@@ -454,11 +454,15 @@ def _overhead(spec: dict[str, Any], accelerator: Any, model: Any, fault: set[str
     """What the watch costs, in pairs: a step with it attached (after one untimed step
     that takes its first-step work) beside a bare step, alternating which goes first, so
     a neighbour's burst lands on both alike. Pairs until the ratio's interval is narrow
-    or settled about "no overhead", at most twice the overhead steps."""
+    or settled about "no overhead", at most twice the overhead steps (five at least)
+    and within the overhead budget."""
     from .observe import attach
     from .stability import figure
 
-    k = max(1, int(spec.get("overhead_steps", 5)))
+    # five pairs at least: fewer give no interval for the median (probe/stability.py)
+    k = max(5, int(spec.get("overhead_steps", 5)))
+    budget = float(spec.get("overhead_budget_s") or 20.0)
+    started = time.monotonic()
     watched: list[float] = []
     bare: list[float] = []
     ratios: list[float] = []
@@ -494,6 +498,8 @@ def _overhead(spec: dict[str, Any], accelerator: Any, model: Any, fault: set[str
         fig = figure(ratios, (1.0,))
         if len(ratios) >= k and (fig.precise or fig.settled):
             break
+        if time.monotonic() - started > budget:
+            break  # what it has is reported, and called unreliable if it is
     fig = figure(ratios, (1.0,))
     return {"steps": len(ratios), "watched_median_s": statistics.median(watched),
             "bare_median_s": statistics.median(bare), "ratio": fig.value, "low": fig.low, "high": fig.high,

@@ -202,7 +202,8 @@ def _steps_words(report: ProbeReport) -> str:
         return f"{o.get('steps')} steps per mode, median after {o.get('warmup')} warm-up steps"
     k = o.get("round_steps") or 1
     each = f"{k} steps per mode, the fastest counted" if k > 1 else "1 step per mode"
-    return (f"{o.get('warmup')} warm-up steps, then {rounds} timed round{'' if rounds == 1 else 's'} of {each} "
+    warm = o.get("warmup")
+    return (f"{warm} warm-up step{'' if warm == 1 else 's'}, then {rounds} timed round{'' if rounds == 1 else 's'} of {each} "
             "(the modes in turn)")
 
 
@@ -218,9 +219,11 @@ def _timing_lines(report: ProbeReport) -> list[str]:
         lines.append("Timings are unreliable: " + "; ".join(f"{r.mode}: {why}" for r, why in noisy)
                      + (f" (other processes used up to {worst:.0%} of the CPUs)" if busy else "")
                      + ". Run the probe on an idle machine for a speed verdict.")
-    elif busy and report.options.get("rounds"):
-        lines.append(f"Other processes used up to {worst:.0%} of the CPUs while {', '.join(r.mode for r in busy)} "
-                     "ran; the modes were timed in turn, round by round, and their speed-ups held steady.")
+    elif busy:
+        steady = [r for r in ok if r.mode != "no" and r.speedup_reliable]
+        lines.append(f"Other processes used up to {worst:.0%} of the CPUs while {', '.join(r.mode for r in busy)} ran"
+                     + ("; the modes were timed in turn, round by round, and their speed-ups held steady."
+                        if steady else "."))
     oh = report.overhead
     if oh and oh.get("ratio") is not None:
         if "reliable" in oh:

@@ -39,9 +39,10 @@ class ProbeOptions:
     steps: int = 20  # per mode, warm-up included: the least before the rounds may stop
     warmup: int = 5
     # Timed steps come in rounds of `round_steps` per mode. The rounds stop when the
-    # speed-ups are stable, at `max_steps` per mode (None: three times `steps`), or when
-    # the timed rounds have taken `round_budget_s`, whichever comes first. max_steps
-    # equal to steps: exactly that many steps.
+    # speed-ups are stable (after `steps`), at `max_steps` per mode (None: three times
+    # `steps`), or when the timed rounds have taken `round_budget_s` (even before
+    # `steps`: the report then says the rounds were too few), whichever comes first;
+    # max_steps equal to steps: exactly that many, whatever the time.
     max_steps: int | None = None
     round_steps: int = 3
     round_budget_s: float = 30.0
@@ -178,7 +179,9 @@ def _spec(mode: str, opts: ProbeOptions, workdir: Path, measure_overhead: bool, 
         "user_model": opts.model_spec, "seq_len": opts.seq_len,
         "max_batch": opts.max_batch, "memory_limit": opts.memory_limit,
         "max_batch_deadline": opts.timeout_s * 0.9 if opts.max_batch else None,
-        "measure_overhead": measure_overhead, "overhead_steps": min(opts.overhead_steps, opts.steps),
+        "measure_overhead": measure_overhead, "overhead_steps": opts.overhead_steps,
+        # the overhead pairs stop here even if their figure is not yet reliable (it says so)
+        "overhead_budget_s": min(20.0, opts.timeout_s * 0.1),
         "driven": driven,
         "result_path": str(workdir / f"{mode}.result.json"),
         "logits_path": str(workdir / f"{mode}.logits.f32"),
@@ -190,8 +193,11 @@ class _Child:
     which counts only the time it is working (not the time it waits for its turn)."""
 
     def __init__(self, mode: str, opts: ProbeOptions, workdir: Path, events: "queue.Queue[Any]",
-                 measure_overhead: bool, driven: bool = True) -> None:
+                 measure_overhead: bool, driven: bool = True, share: int = 1) -> None:
         self.mode, self.opts = mode, opts
+        # `share` children start together and share the machine while they do: each
+        # gets that many times its deadline until it is ready (then its time counts alone)
+        self.share = max(1, share)
         self.spec = _spec(mode, opts, workdir, measure_overhead, driven)
         spec_path = workdir / f"{mode}.spec.json"
         spec_path.write_text(json.dumps(self.spec))
@@ -243,6 +249,7 @@ class _Child:
         elif kind == "ready":
             self.ready, self.timed = True, bool(event.get("timed"))
             self._pause()
+            self.used_s /= self.share
         elif kind == "round":
             self.rounds.append([float(t) for t in event.get("times") or []])
             self._pause()
@@ -275,7 +282,8 @@ class _Child:
         """When it must have answered (monotonic), while it works; None while it waits."""
         if self.running_since is None or not self.alive:
             return None
-        return self.running_since + max(0.0, self.opts.child_timeout_s - self.used_s)
+        limit = self.opts.child_timeout_s * (1 if self.ready else self.share)
+        return self.running_since + max(0.0, limit - self.used_s)
 
     def kill(self, timed_out: bool = False) -> None:
         self.timed_out = self.timed_out or timed_out
@@ -403,7 +411,8 @@ def run_modes(opts: ProbeOptions, progress: Progress | None = None) -> tuple[lis
             for mode in order:
                 if progress:
                     progress(mode, {"event": "start"})
-                children.append(_Child(mode, opts, workdir, pump.events, measure_overhead=(mode == "no")))
+                children.append(_Child(mode, opts, workdir, pump.events, measure_overhead=(mode == "no"),
+                                       share=len(order)))
             # all started, built and warmed up (nothing timed yet), or gone
             pump.until(children, lambda: all(c.ready or not c.alive for c in children))
             timed = [c for c in children if c.alive and c.timed]
@@ -418,9 +427,10 @@ def run_modes(opts: ProbeOptions, progress: Progress | None = None) -> tuple[lis
                         _one_round(pump, c, opts)
                 timed = [c for c in timed if c.alive]
                 r += 1
-                if r >= least and (_stable(children, r)
-                                   or time.monotonic() - rounds_started >= opts.round_budget_s):
+                if r >= least and _stable(children, r):
                     break
+                if opts.max_steps != opts.steps and time.monotonic() - rounds_started >= opts.round_budget_s:
+                    break  # a machine this slow gets a bounded probe: too few rounds are said to be so
             meta["rounds"] = r
             meta["stable"] = _stable(children, r) if r else None
             meta["rounds_s"] = round(time.monotonic() - rounds_started, 2)

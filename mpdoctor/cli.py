@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from typing import Any, Sequence
 
 from . import __version__
-from .commands import COMMANDS, EXIT_CODES, guarded, load
+from .commands import COMMANDS, EXIT_CODES, OUTPUT_FORMATS, guarded, load
 
 MAIN_HELP = """\
 mpdoctor diagnoses mixed-precision (fp16 / bf16 / fp8) training problems with
@@ -86,28 +86,6 @@ def formatters() -> tuple[type, type]:
 
         _FORMATTERS = (HelpFormatter, RawDescriptionHelpFormatter)
     return _FORMATTERS
-
-
-OUTPUT_FORMATS = ("terminal", "json", "markdown", "oneline")
-
-
-def add_output_options(p: argparse.ArgumentParser, formats: tuple[str, ...] = OUTPUT_FORMATS,
-                       report_options: bool = True) -> None:
-    """--format and --rules, which every face that reports findings takes; with
-    `report_options`, also --anonymize and -v (faces whose output carries the user's
-    paths and logs)."""
-    helps = {"terminal": "terminal (default)", "json": "json (versioned, for scripts: docs/json-*.md)",
-             "markdown": "markdown (for a GitHub issue)", "oneline": "oneline (one line per finding, for CI logs)"}
-    p.add_argument("--format", choices=formats, default="terminal",
-                   help=", ".join(helps[f] for f in formats))
-    p.add_argument("--rules", action="append", default=[], metavar="DIR",
-                   help="also load the rules in DIR (repeatable; MPDOCTOR_RULES_PATH works too)")
-    if report_options:
-        p.add_argument("--anonymize", action="store_true",
-                       help="also hide the home directory (as ~), the user name and the host name; "
-                            "secrets (tokens, passwords, URL credentials) are always redacted")
-        p.add_argument("-v", "--verbose", action="store_true",
-                       help="also show each finding's facts (the values its sentences were made from)")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

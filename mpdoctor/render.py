@@ -303,7 +303,7 @@ def environment_from_snapshot(snap: dict[str, Any]) -> dict[str, str]:
     names = [g.get("name") for g in gpus if isinstance(g, dict) and g.get("name")]
     if not names:
         names = [d.get("name") for d in (get("torch", "devices") or []) if isinstance(d, dict) and d.get("name")]
-    env["GPU"] = _gpu_summary(names) or "none found"
+    env["GPU"] = gpu_summary(names) or "none found"
     env["driver"] = str(get("nvml", "driver_version") or "none found")
     system = " · ".join(str(x) for x in (get("platform", "os"), get("platform", "libc")) if x)
     if system:
@@ -312,53 +312,13 @@ def environment_from_snapshot(snap: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _gpu_summary(names: list[str]) -> str:
+def gpu_summary(names: list[str]) -> str:
     if not names:
         return ""
     counts: dict[str, int] = {}
     for n in names:
         counts[n] = counts.get(n, 0) + 1
     return ", ".join(f"{c}× {n}" if c > 1 else n for n, c in counts.items())
-
-
-def environment_light() -> dict[str, str]:
-    """The same block without importing torch (for `run`: the training has ended):
-    distribution versions from their metadata, GPU and driver from nvidia-smi in a child
-    with a short timeout (never NVML in this process)."""
-    import platform
-    import shutil
-    import subprocess
-    from importlib import metadata
-
-    from . import __version__
-
-    def version(dist: str) -> str:
-        try:
-            return metadata.version(dist)
-        except Exception:
-            return "not installed"
-
-    env = {"mpdoctor": __version__, "Python": f"{platform.python_version()} ({platform.system()} {platform.machine()})",
-           "torch": version("torch"), "accelerate": version("accelerate"), "GPU": "none found", "driver": "none found"}
-    from .env.host import collect_platform
-
-    host = collect_platform()
-    system = " · ".join(str(x) for x in (host.get("os"), host.get("libc")) if x)
-    if system:
-        env["OS"] = system
-    env["numpy"] = version("numpy")
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=5, start_new_session=True).stdout
-            rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
-            if rows:
-                env["GPU"] = _gpu_summary([r[0] for r in rows])
-                env["driver"] = rows[0][-1]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return env
 
 
 def _environment_markdown(env: dict[str, str]) -> list[str]:

@@ -19,6 +19,7 @@ import sys
 
 TYPE_CHECKING = False  # `typing` is not imported at run time: `explain` starts like a small script
 if TYPE_CHECKING:
+    import argparse
     from typing import Any, Callable
 
 EXIT_OK, EXIT_ERROR_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -33,6 +34,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("mpdoctor.commands.probe", "measure every precision mode on this machine"),
     "rules": ("mpdoctor.commands.rules", "list, show and test the rule base"),
 }
+
+# The output formats every face that reports findings takes, and their options.
+OUTPUT_FORMATS = ("terminal", "json", "markdown", "oneline")
+
+
+def add_output_options(p: "argparse.ArgumentParser", formats: tuple[str, ...] = OUTPUT_FORMATS,
+                       report_options: bool = True) -> None:
+    """--format and --rules, which every face that reports findings takes; with
+    `report_options`, also --anonymize and -v (faces whose output carries the user's
+    paths and logs)."""
+    helps = {"terminal": "terminal (default)", "json": "json (versioned, for scripts: docs/json-*.md)",
+             "markdown": "markdown (for a GitHub issue)", "oneline": "oneline (one line per finding, for CI logs)"}
+    p.add_argument("--format", choices=formats, default="terminal",
+                   help=", ".join(helps[f] for f in formats))
+    p.add_argument("--rules", action="append", default=[], metavar="DIR",
+                   help="also load the rules in DIR (repeatable; MPDOCTOR_RULES_PATH works too)")
+    if report_options:
+        p.add_argument("--anonymize", action="store_true",
+                       help="also hide the home directory (as ~), the user name and the host name; "
+                            "secrets (tokens, passwords, URL credentials) are always redacted")
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="also show each finding's facts (the values its sentences were made from)")
+
 
 EXIT_CODES = """\
 exit status:

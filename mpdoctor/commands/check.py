@@ -43,7 +43,7 @@ EPILOG = EXIT_CODES + (
 
 
 def add_arguments(p: Any) -> None:
-    from ..cli import add_output_options
+    from . import add_output_options
 
     add_output_options(p)
     p.add_argument("--snapshot", metavar="FILE", help="judge this snapshot instead of this machine")

@@ -35,7 +35,7 @@ EPILOG = EXIT_CODES + env_help("MPDOCTOR_RULES_PATH", "MPDOCTOR_CACHE_DIR", "MPD
 
 
 def add_arguments(p: Any) -> None:
-    from ..cli import add_output_options
+    from . import add_output_options
 
     p.add_argument("path", metavar="PATH", nargs="+",
                    help="the log file, or - for standard input; several files, a folder or a glob are read "

@@ -22,7 +22,7 @@ EPILOG = ("exit status:\n  0  done (rules test: every case passed)\n"
 
 
 def add_arguments(p: Any) -> None:
-    from ..cli import add_output_options
+    from . import add_output_options
 
     rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
     rl = rsub.add_parser("list", help="one line per rule", description="The rules, grouped by kind and category.")

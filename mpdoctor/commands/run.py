@@ -30,7 +30,7 @@ EXIT_FAIL_ON = 3
 
 
 def add_arguments(p: Any) -> None:
-    from ..cli import add_output_options
+    from . import add_output_options
 
     add_output_options(p)
     p.add_argument("--report", metavar="FILE",
@@ -154,6 +154,7 @@ def _exit_status(report: Any, code: int, fail_on: str | None) -> int:
 
 def _deliver(report: Any, result: Any, args: Namespace) -> None:
     from .. import render
+    from ..env.host import environment_light
 
     if args.report:
         try:
@@ -163,7 +164,7 @@ def _deliver(report: Any, result: Any, args: Namespace) -> None:
                 report, fmt, heading=f"mpdoctor run (exit status {result.exit_code})",
                 anonymize=getattr(args, "anonymize", False), verbose=getattr(args, "verbose", False),
                 schema=render.SCHEMAS["run"], where="run",
-                environment=render.environment_light() if fmt == "markdown" else None), encoding="utf-8")
+                environment=environment_light() if fmt == "markdown" else None), encoding="utf-8")
         except OSError as exc:
             sys.stderr.write(f"mpdoctor run: cannot write the report {args.report}: {exc}\n")
     why = result.extra.get("not_instrumented")
@@ -185,6 +186,6 @@ def _deliver(report: Any, result: Any, args: Namespace) -> None:
         render.emit(report, args.format, stderr=True, heading=f"mpdoctor run (exit status {result.exit_code})",
                     anonymize=getattr(args, "anonymize", False), verbose=getattr(args, "verbose", False),
                     schema=render.SCHEMAS["run"], where="run",
-                    environment=render.environment_light() if args.format == "markdown" else None)
+                    environment=environment_light() if args.format == "markdown" else None)
     except OSError:  # EPIPE, ENOSPC (2>/dev/full), EIO
         pass

@@ -136,3 +136,42 @@ def collect_memory() -> dict[str, Any]:
     except Exception:
         pass
     return out
+
+
+def environment_light() -> dict[str, str]:
+    """The environment block of a markdown report, without importing torch (for `run`: the training has ended):
+    distribution versions from their metadata, GPU and driver from nvidia-smi in a child
+    with a short timeout (never NVML in this process)."""
+    import platform
+    import shutil
+    import subprocess
+    from importlib import metadata
+
+    from .. import __version__
+    from ..render import gpu_summary
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except Exception:
+            return "not installed"
+
+    env = {"mpdoctor": __version__, "Python": f"{platform.python_version()} ({platform.system()} {platform.machine()})",
+           "torch": version("torch"), "accelerate": version("accelerate"), "GPU": "none found", "driver": "none found"}
+    host = collect_platform()
+    system = " · ".join(str(x) for x in (host.get("os"), host.get("libc")) if x)
+    if system:
+        env["OS"] = system
+    env["numpy"] = version("numpy")
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=5, start_new_session=True).stdout
+            rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+            if rows:
+                env["GPU"] = gpu_summary([r[0] for r in rows])
+                env["driver"] = rows[0][-1]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return env

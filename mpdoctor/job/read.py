@@ -370,7 +370,7 @@ class JobReader:
         """Each log finding to the ranks it belongs to, now that every agent's rank base is known;
         a node report's findings for the ranks no log covered."""
         self._settle_logs(self._pending)
-        covered = {r for r, rec in self.ranks.items() if rec.get("errors") or rec.get("sources")}
+        covered = {r for r, rec in self.ranks.items() if rec.get("errors")}
         for s, found, unknown in self._reported:
             found = [(f, t) for f, t in found if not set(f.ranks) <= covered]
             unknown = [u for u in unknown if not set(u.ranks) <= covered]

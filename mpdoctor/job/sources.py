@@ -119,6 +119,8 @@ def sniff(path: str) -> tuple[str, int]:
         return "json", size  # a report, or a log that happens to start with a brace: told on reading
     if head.startswith(b"# mpdoctor: rank ") or b"Stack (most recent call first)" in head or b"Current thread 0x" in head or b"Thread 0x" in head[:64]:
         return "stack", size
+    if not head and os.path.basename(os.path.dirname(path)) == "stacks":
+        return "stack", size  # a rank's stack file, armed and never written (it died in C++)
     return "log", size
 
 
@@ -148,7 +150,7 @@ def _from_numbered_names(sources: list[Source]) -> None:
     """rank3.log names its rank; job.3.out does when its siblings are job.0.out, job.1.out..."""
     groups: dict[tuple[str, str], list[tuple[Source, int, str | None]]] = {}
     for s in sources:
-        if s.local_rank is not None or s.kind not in ("log", "stack", "flight", "json"):
+        if s.local_rank is not None or s.kind not in ("log", "stack", "flight"):
             continue
         folder, name = os.path.split(s.path)
         m = _NUMBERED.search(name)

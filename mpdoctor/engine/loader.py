@@ -57,7 +57,8 @@ def _compile(path: Path, rid: str, key: str, value: Any, need_literal: bool,
     literals: list[str] = []
     runs: list[tuple[list[str], bool]] = [([], False)] * len(value)
     if validate:
-        from .patterns import PatternError, check_bounded, fixed_runs, required_literals
+        from .backtracking import check_bounded
+        from .patterns import PatternError, fixed_runs, required_literals
 
         runs = [fixed_runs(src) for src in value]
 

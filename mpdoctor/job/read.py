@@ -15,7 +15,7 @@ import json
 import os
 import re
 
-from ..findings import Finding, Unrecognised
+from ..findings import Evidence, Finding, Unrecognised
 from ..logs.explain import explain_lines, prefilter_for
 from ..logtext import normalise
 from .sources import Source, SourceError, attribute, expand
@@ -389,6 +389,9 @@ class JobReader:
                 ranks = list(f.ranks) or ([own] if own is not None else [])
                 if own is not None and not f.ranks:
                     f.ranks = [own]
+                # which of the job's files a log line is from (its JSON says; its line number stays)
+                f.evidence = [Evidence(e.text, e.line, s.path) if e.source == "log" and s.kind != "report" else e
+                              for e in f.evidence]
                 self.findings.append(f)
                 entry = {"rule": f.rule, "title": f.title[:200], "category": f.category, "severity": f.severity,
                          "consequence": f.consequence or None, "time": t,
@@ -424,7 +427,7 @@ class JobReader:
 
 def _finding_of(d: Any) -> Finding | None:
     """A finding of a report's JSON, as its rule rendered it."""
-    from ..findings import CATEGORIES, SEVERITIES, Evidence
+    from ..findings import CATEGORIES, SEVERITIES
 
     if not isinstance(d, dict) or d.get("category") not in CATEGORIES or d.get("severity") not in SEVERITIES:
         return None

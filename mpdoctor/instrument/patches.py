@@ -164,8 +164,9 @@ def install_torch() -> None:
     _wrap(grad_scaler.GradScaler, "__init__", scaler_init)
     _wrap(grad_scaler.GradScaler, "update", scaler_update)
     # a scaler made before watch() was called is met here, once per step
-    _before(grad_scaler.GradScaler, "scale", lambda scaler: _dispatch("on_scaler_seen", scaler))
-    _before(grad_scaler.GradScaler, "unscale_", lambda scaler: _dispatch("on_scaler_seen", scaler))
+    # (and each call is a step of the recipe: scale, unscale_ before clipping)
+    _before(grad_scaler.GradScaler, "scale", lambda scaler: _dispatch("on_scaler_scale", scaler))
+    _before(grad_scaler.GradScaler, "unscale_", lambda scaler: _dispatch("on_scaler_unscale", scaler))
     # a step of the loop, taken or skipped on overflow (then the optimizer's step is not called)
     _before(grad_scaler.GradScaler, "step", lambda scaler: _dispatch("on_scaler_step", scaler))
     _before(torch.Tensor, "backward", lambda loss: _dispatch("on_backward", loss))
@@ -174,7 +175,7 @@ def install_torch() -> None:
         def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
             result = orig(*args, **kwargs)
             if _WATCHERS:
-                _dispatch("on_grad_norm", result)
+                _dispatch("on_grad_norm", result, args[1] if len(args) > 1 else kwargs.get("max_norm"))
             return result
         return clip_grad_norm_
 

@@ -28,6 +28,7 @@ from .errors import ErrorRecorder
 from .hooks import ModuleHooks
 from .pending import PendingValues
 from .plan import PlanTracker
+from .recipe import RecipeTracker
 from .records import NonFinite, PrecisionPlan, ScalerTimeline
 from .steps import StepCounter, sampling_period
 from .taps import TrainingTaps
@@ -44,6 +45,7 @@ class Recorder(ModuleHooks, StepCounter, PendingValues, TrainingTaps, ErrorRecor
         self._init_steps(sampling_period(every, from_env=auto))
         self._init_pending()
         self.plan_tracker = PlanTracker(self.name_of)
+        self.recipe = RecipeTracker()
         self._init_hooks()
         self._init_errors()
 
@@ -125,6 +127,7 @@ class Recorder(ModuleHooks, StepCounter, PendingValues, TrainingTaps, ErrorRecor
             "loss_zero_grad_nan": list(r.loss_zero_grad_nan) if r.loss_zero_grad_nan else None,
             "last_loss": r.last_loss,
             "last_grad_norm": r.last_grad_norm,
+            "recipe": self.recipe.to_dict(),
         }
 
     # ---- where the records go ----------------------------------------------------------

@@ -40,6 +40,7 @@ class TrainingTaps:
         if self.disabled or not isinstance(loss, Tensor) or not loss.is_floating_point() or not loss.numel():
             return
         self._backward_since = True
+        self.recipe.backward()
         v = loss.detach()
         v = v.reshape(-1)[0] if v.numel() == 1 else torch.linalg.vector_norm(v.float())
         self._pend_pair("loss", v, v)
@@ -52,18 +53,30 @@ class TrainingTaps:
     def on_scaler_seen(self, scaler: Any) -> None:
         self.plan_tracker.on_scaler_seen(scaler)
 
+    def on_scaler_scale(self, scaler: Any) -> None:
+        self.plan_tracker.on_scaler_seen(scaler)
+        if not self.disabled:
+            self.recipe.scale(scaler)
+
+    def on_scaler_unscale(self, scaler: Any) -> None:
+        self.plan_tracker.on_scaler_seen(scaler)
+        if not self.disabled:
+            self.recipe.unscale(scaler)
+
     def on_scaler_step(self, scaler: Any) -> None:
         """scaler.step(optimizer): a step, taken or skipped (on overflow the scaler does not
         call the optimizer's step)."""
         if self.disabled:
             return
         self.plan_tracker.on_scaler_seen(scaler)
+        self.recipe.step(scaler)
         self._step_taken()
 
     def on_scale(self, scaler: Any, before: Tensor, after: Tensor) -> None:
         if self.disabled:
             return
         self.plan_tracker.on_scaler_seen(scaler)
+        self.recipe.update(scaler, {"step": self.step, "micro": self.micro})
         self._pend_pair("scale", before.reshape(()), after.reshape(()))
 
     def on_optimizer_pre(self, opt: Any) -> None:
@@ -97,9 +110,10 @@ class TrainingTaps:
         if self.plan_tracker.after_step():
             self._emit()
 
-    def on_grad_norm(self, norm: Any) -> None:
+    def on_grad_norm(self, norm: Any, max_norm: Any = None) -> None:
         if self.disabled or not isinstance(norm, Tensor):
             return
+        self.recipe.clip(norm, max_norm, {"step": self.step, "micro": self.micro})
         self._pend_vector("gnorm", norm.detach().reshape(1), LazyParamNames(self, []))
 
     # ---- accelerate ----------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """Speed and memory of `mpdoctor explain`, as ratios against the baselines of issue 18.
 
     python bench/explain_bench.py                  # everything (logs made in /tmp once)
-    python bench/explain_bench.py --size-mb 200 --runs 10 --skip-scan
+    python bench/explain_bench.py --size-mb 200 --trainer-mb 0 --runs 10 --skip-scan
 
 1. Cold start on a 30-line traceback vs `python -c "import rich.console"` (target <= 1.5x).
 2. A training log (step lines, INFO dicts, tqdm lines, warnings) with one traceback near
-   the end vs `grep -E -i -c` over the same file with one literal phrase per rule (target
-   <= 3x), and explain's peak memory (target < 200 MB).
+   the end, at each --size-mb (200 and 500 MB by default), vs `grep -E -i -c` over the
+   same file with one literal phrase per rule (target <= 3x), and explain's peak memory
+   (target < 200 MB).
 3. The same for a Hugging Face Trainer-style log: tqdm bars overwritten with CR (many to
    a line, as a redirected tqdm writes them), loss dicts, eval dicts, one CUDA OOM
    traceback through Trainer frames at the end.
@@ -255,9 +256,10 @@ def scan_ratio(log: Path, runs: int) -> None:
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=500, help="the training log's size (part 2; 0 leaves it out)")
+    ap.add_argument("--size-mb", type=int, nargs="+", default=[200, 500],
+                    help="the training log's sizes (part 2, once per size; 0 leaves it out)")
     ap.add_argument("--trainer-mb", type=int, default=None,
-                    help="the Trainer-style log's size (part 3; default --size-mb, 0 leaves it out)")
+                    help="the Trainer-style log's size (part 3; default the largest --size-mb, 0 leaves it out)")
     ap.add_argument("--runs", type=int, default=15, help="cold-start runs per side")
     ap.add_argument("--big-runs", type=int, default=3, help="big-log runs per side")
     ap.add_argument("--log", type=Path, default=None, help="the big log (default /tmp/mpdoctor-bench-<size>MB.log)")
@@ -270,7 +272,7 @@ def main() -> int:
                     help="run `python -m mpdoctor` rather than the installed console script")
     args = ap.parse_args()
     if args.trainer_mb is None:
-        args.trainer_mb = args.size_mb
+        args.trainer_mb = max(args.size_mb)
     if args.only_scan:
         scan_log = Path(tempfile.gettempdir()) / f"mpdoctor-bench-{args.scan_mb}MB.log"
         training_log(scan_log, args.scan_mb)
@@ -306,11 +308,11 @@ def main() -> int:
     phrases = grep_phrases()
     pattern = "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", p) for p in phrases)
     tmpdir = Path(tempfile.gettempdir())
-    for n, (kind, make, size_mb, log) in enumerate((
-            ("training log, one traceback near the end", training_log, args.size_mb,
-             args.log or tmpdir / f"mpdoctor-bench-{args.size_mb}MB.log"),
-            ("Trainer-style log (tqdm \\r bars, loss dicts), one OOM at the end", trainer_log, args.trainer_mb,
-             tmpdir / f"mpdoctor-bench-trainer-{args.trainer_mb}MB.log")), start=2):
+    logs = [(2, "training log, one traceback near the end", training_log, mb,
+             args.log or tmpdir / f"mpdoctor-bench-{mb}MB.log") for mb in args.size_mb]
+    logs.append((3, "Trainer-style log (tqdm \\r bars, loss dicts), one OOM at the end", trainer_log, args.trainer_mb,
+                 tmpdir / f"mpdoctor-bench-trainer-{args.trainer_mb}MB.log"))
+    for n, kind, make, size_mb, log in logs:
         if size_mb <= 0:
             continue
         t = time.perf_counter()

@@ -250,3 +250,15 @@ def test_two_ranks_failing_on_their_own_are_ordered_by_their_timestamps(capsys):
     assert report["job"]["first_failure"] == {"rank": 2, "how": "timestamps",
                                               "cause": "The GPU ran out of memory (asked for 4.00 GiB)"}
     assert "by the time of each rank's first error" in report["findings"][0]["explanation"]
+
+
+def test_a_nodes_ranks_come_from_its_launchers_processes_per_node():
+    from mpdoctor.job.nodes import _nproc_per_node, node_block
+
+    assert _nproc_per_node(["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"]) == 2
+    assert _nproc_per_node(["accelerate", "launch", "--num_processes=16", "--num_machines", "2", "t.py"]) == 8
+    evidence = {"command": ["torchrun", "--nproc_per_node=4", "t.py"],
+                "processes": [{"rank": 6, "env": {"torch": {"version": "2.13.0"}}}]}
+    block = node_block(evidence, {"autocast_enabled": True, "autocast_dtype": "bfloat16"})
+    assert block["ranks"] == [4, 5, 6, 7] and block["local_world_size"] == 4
+    assert block["env"] == {"torch": "2.13.0", "mixed_precision": "bfloat16"}

@@ -45,7 +45,20 @@ def node_block(evidence: dict[str, Any], plan: dict[str, Any] | None) -> dict[st
 
 
 def _nproc_per_node(cmd: list[str]) -> int | None:
-    """torchrun's / accelerate's processes per node from the launcher's command line."""
+    """torchrun's / accelerate's processes per node from the launcher's command line
+    (accelerate's --num_processes counts every machine's: divided by --num_machines)."""
+    def value_of(*flags: str) -> int | None:
+        for i, arg in enumerate(cmd):
+            for flag in flags:
+                v = arg[len(flag) + 1:] if arg.startswith(flag + "=") else (
+                    cmd[i + 1] if arg == flag and i + 1 < len(cmd) else None)
+                if v is not None and v.isdigit() and int(v) > 0:
+                    return int(v)
+        return None
+
+    total, machines = value_of("--num_processes", "--num-processes"), value_of("--num_machines", "--num-machines")
+    if total and machines and total % machines == 0:
+        return total // machines
     for i, arg in enumerate(cmd):
         for flag in ("--nproc-per-node", "--nproc_per_node", "--num_processes_per_node"):
             value = arg[len(flag) + 1:] if arg.startswith(flag + "=") else (

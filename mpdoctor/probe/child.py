@@ -389,10 +389,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         contention.end()
     if spec.get("driven"):
         # The parent times the modes in rounds, one mode after the other: "run K" runs
-        # K steps and answers with their times; "finish" (or the parent gone) ends it.
+        # K steps and answers with their times; "finish" ends it (the parent gone: exit).
         emit("ready", timed=not untimed, steps=len(times))
         while True:
             line = sys.stdin.readline()
+            if not line:
+                raise SystemExit(0)  # the parent is gone: nobody to finish for
             words = line.split()
             if not words or words[0] != "run":
                 break

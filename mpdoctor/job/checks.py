@@ -89,8 +89,15 @@ def first_failure(v: JobView) -> Result:
     return [Hit(facts, ev)]
 
 
+def _precisions(v: JobView) -> str | None:
+    """Each node's mixed-precision setting as its run saw it, with its ranks (where reports say)."""
+    said = [f"ranks {_ranks_text(n.get('ranks') or [])} ({n['node']}): {n['env']['mixed_precision']}"
+            for n in v.nodes if (n.get("env") or {}).get("mixed_precision") and n.get("ranks")]
+    return "; ".join(said) if len(said) > 1 else None
+
+
 @check(facts=("seq", "op", "pg", "ranks_a", "ranks_b", "dtypes_a", "dtypes_b", "sizes_a", "sizes_b", "op_a", "op_b",
-              "sites", "differs"))
+              "sites", "differs", "precisions"))
 def collective_mismatch(v: JobView) -> Result:
     if not v.collectives:
         return Skip("no Flight Recorder record in the job")
@@ -110,7 +117,8 @@ def collective_mismatch(v: JobView) -> Result:
                          "dtypes_a": ", ".join(sa[1]) or None, "dtypes_b": ", ".join(sb[1]) or None,
                          "sizes_a": " ".join(str(list(s)) for s in sa[2]) or None,
                          "sizes_b": " ".join(str(list(s)) for s in sb[2]) or None,
-                         "op_a": sa[0], "op_b": sb[0], "sites": sites or None, "differs": differs},
+                         "op_a": sa[0], "op_b": sb[0], "sites": sites or None, "differs": differs,
+                         "precisions": _precisions(v) if differs == "dtypes" else None},
                         [(f"collectives[pg {pg}, seq {seq}].rank{r}", f"{by_rank[r].get('op')} "
                           f"{by_rank[r].get('input_dtypes')} {by_rank[r].get('input_sizes')}")
                          for r in sorted(by_rank)]))

@@ -37,6 +37,14 @@ def add_arguments(p: Any) -> None:
                          description="Run every rule's examples and near misses (exit 1 when one fails).")
     rt.add_argument("dir", nargs="?", metavar="DIR", help="test only the rules in DIR (loaded with the built-ins)")
     add_output_options(rt, formats=("terminal", "json"), report_options=False)
+    rc = rsub.add_parser("coverage", help="how many of the libraries' own messages explain recognises",
+                         description="Render every relevant message of the mined catalogue (catalogue/*.toml,\n"
+                                     "made by scripts/mine_catalogue.py) into a concrete log line, explain it,\n"
+                                     "and count the ones whose first finding has the catalogue's category.",
+                         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    rc.add_argument("--catalogue", metavar="DIR", help="the catalogue folder (default: the checkout's catalogue/)")
+    rc.add_argument("--misses", action="store_true", help="also list every relevant message not recognised")
+    add_output_options(rc, formats=("terminal", "json"), report_options=False)
     p.set_defaults(_rules_parser=p)
 
 
@@ -51,6 +59,8 @@ def main(args: Namespace) -> int:
         return _rules_list(rules, args)
     if args.rules_command == "show":
         return _rules_show(rules, args)
+    if args.rules_command == "coverage":
+        return _rules_coverage(rules, args)
     return _rules_test(rules, args)
 
 
@@ -93,28 +103,28 @@ def _rules_list(rules: list[Rule], args: Namespace) -> int:
                             for r in chosen))
         return EXIT_OK
     from ..redact import scrub
-    from ..render import _say, make_console, wrap
+    from ..render import make_console, say, wrap
 
     console = make_console()
     width = max(40, console.width)
     idw = max((len(r.id) for r in chosen), default=0)
-    _say(console, (f"{len(chosen)} rules", "bold"))
+    say(console, (f"{len(chosen)} rules", "bold"))
     group = None
     for r in chosen:
         if (r.kind, r.category) != group:
             group = (r.kind, r.category)
-            _say(console)
-            _say(console, (f"{r.kind} · {r.category}", "bold"))
+            say(console)
+            say(console, (f"{r.kind} · {r.category}", "bold"))
         head = f"  {r.id:<{idw}}  {r.severity:<7}  "
         title = scrub(_placeholders(r.title))
         if len(head) + 40 <= width:  # the title beside the id, wrapped under itself
             lines = wrap(title, width, first=head)
-            _say(console, (lines[0][:len(head)], ""), (lines[0][len(head):], "dim"))
+            say(console, (lines[0][:len(head)], ""), (lines[0][len(head):], "dim"))
         else:  # the id whole on its line, the title beneath
-            _say(console, (f"  {r.id}  {r.severity}", ""))
+            say(console, (f"  {r.id}  {r.severity}", ""))
             lines = [""] + wrap(title, width, indent=6)
         for line in lines[1:]:
-            _say(console, (line, "dim"))
+            say(console, (line, "dim"))
     return EXIT_OK
 
 
@@ -276,3 +286,118 @@ def _rules_test(rules: list[Rule], args: Namespace) -> int:
             summary += f"; {len(unmatched)} rule(s) with a pattern no example matches"
         _write_text("\n".join(lines + [summary]) + "\n")
     return EXIT_ERROR_FINDING if failed else EXIT_OK
+
+
+# --- coverage of the mined message catalogue (catalogue/*.toml) --------------------------------
+
+# A placeholder's value is chosen by the words just before it (the last that matches wins).
+_FILL = [
+    (r"", "4"),
+    (r"(?i)(?:dtype|type|scalar type|precision)\W{0,3}$", "torch.float16"),
+    (r"(?i)(?:device|on|to)\W{0,3}$", "cuda:0"),
+    (r"(?i)(?:rank|ranks|world size|world_size)\W{0,3}$", "1"),
+    (r"(?i)(?:version|torch|>=|==)\W{0,3}$", "2.1.0"),
+    (r"(?i)(?:name|module|layer|parameter|param|key|attribute|argument)\W{0,3}$", "weight"),
+    (r"(?i)(?:mixed_precision|mode)\W{0,3}$", "fp16"),
+    (r"(?i)(?:backend)\W{0,3}$", "nccl"),
+    (r"(?i)(?:shape|size|sizes)\W{0,3}$", "[4, 4096]"),
+    (r"(?i)(?:capability)\W{0,3}$", "7.5"),
+]
+
+
+def render_template(template: str, kind: str) -> str:
+    """A mined template as a user's log would show it: its placeholders filled with
+    plausible values and the exception's (or warning's) name in front."""
+    import re
+
+    out, pos = [], 0
+    for m in re.finditer(r"\{[^{}]{0,60}\}", template):
+        before = template[max(0, m.start() - 40):m.start()]
+        value = "4"
+        for rx, v in _FILL:
+            if re.search(rx, before):
+                value = v
+        out.append(template[pos:m.start()] + value)
+        pos = m.end()
+    text = "".join(out) + template[pos:]
+    if kind in ("warning", "log-error"):
+        return f"/usr/lib/python3/site-packages/lib/module.py:42: UserWarning: {text}" if kind == "warning" else text
+    if kind.endswith("Warning"):
+        return f"/usr/lib/python3/site-packages/lib/module.py:42: {kind}: {text}"
+    return f"Traceback (most recent call last):\n  File \"train.py\", line 10, in <module>\n    main()\n{kind}: {text}"
+
+
+def catalogue_dir(path: "str | None" = None) -> Any:
+    from pathlib import Path
+
+    return Path(path) if path else Path(__file__).resolve().parents[2] / "catalogue"
+
+
+def load_catalogue(folder: Any) -> list[dict[str, str]]:
+    """Every message of catalogue/<library>.toml, with its library and version."""
+    import tomllib
+
+    out = []
+    for p in sorted(folder.glob("*.toml")):
+        if p.name == "review.toml":
+            continue
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        for m in data.get("message", []):
+            out.append({**m, "library": data["library"], "version": data["version"]})
+    return out
+
+
+def judge_message(message: dict[str, str], rules: list[Rule]) -> tuple[bool, str]:
+    """(recognised, the top finding's category or '-'): recognised when explain's first
+    finding on the rendered message has the catalogue's category."""
+    from ..logs.explain import explain_text
+
+    report = explain_text(render_template(message["template"], message["kind"]), rules)
+    top = report.findings[0].category if report.findings else "-"
+    return top == message["category"], top
+
+
+def _rules_coverage(rules: list[Rule], args: Namespace) -> int:
+    folder = catalogue_dir(args.catalogue)
+    if not folder.is_dir():
+        return fail(f"no catalogue folder at {folder} (made by scripts/mine_catalogue.py in a checkout)")
+    try:
+        messages = [m for m in load_catalogue(folder) if m["category"] != "not ours"]
+    except (OSError, ValueError, KeyError) as exc:
+        return fail(f"bad catalogue in {folder}: {exc}")
+    log_rules = [r for r in rules if r.kind == "log"]
+    by_lib: dict[str, list[int]] = {}
+    by_cat: dict[str, list[int]] = {}
+    misses = []
+    for m in messages:
+        ok, top = judge_message(m, log_rules)
+        for table, key in ((by_lib, f"{m['library']} {m['version']}"), (by_cat, m["category"])):
+            row = table.setdefault(key, [0, 0])
+            row[0] += ok
+            row[1] += 1
+        if not ok:
+            misses.append({**m, "top": top})
+    total = sum(r[0] for r in by_lib.values()), len(messages)
+    if args.format == "json":
+        _write_json({"schema": "mpdoctor.rules-coverage/1", "recognised": total[0], "relevant": total[1],
+                     "libraries": {k: {"recognised": a, "relevant": b} for k, (a, b) in sorted(by_lib.items())},
+                     "categories": {k: {"recognised": a, "relevant": b} for k, (a, b) in sorted(by_cat.items())},
+                     "misses": [{k: m[k] for k in ("library", "category", "template", "source", "top")}
+                                for m in misses] if args.misses else []})
+        return EXIT_OK
+
+    def table(title: str, rows: dict[str, list[int]]) -> list[str]:
+        lines = [title]
+        for k, (a, b) in sorted(rows.items()):
+            lines.append(f"  {k:<44} {a:>5} / {b:<5} {100 * a / b:5.1f}%")
+        return lines
+
+    lines = table("per library", by_lib) + table("per category", by_cat)
+    pct = 100 * total[0] / total[1] if total[1] else 100.0
+    lines.append(f"recognised {total[0]} / {total[1]} relevant templates ({pct:.1f}%)")
+    if args.misses:
+        lines.append("not recognised:")
+        lines += [f"  [{m['library']}] {m['category']} (top: {m['top']}): {m['template'][:160]}  ({m['source']})"
+                  for m in misses]
+    _write_text("\n".join(lines) + "\n")
+    return EXIT_OK

@@ -22,9 +22,12 @@ import pytest
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None:
     pytest.skip("torch and accelerate are needed for live probe runs", allow_module_level=True)
 
-from mpdoctor.probe import ProbeOptions, run_probe  # noqa: E402
+from mpdoctor.probe import ProbeOptions  # noqa: E402
 from mpdoctor.probe.rows import build_rows  # noqa: E402
 from mpdoctor.probe.runner import run_child  # noqa: E402
+
+# every test here starts real probe children (most of them train): the suite's long poles
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE_KEYS = {"mode", "ok", "step_time_s", "speedup", "peak_memory_bytes", "memory_saving",

@@ -299,20 +299,18 @@ def _evidence(report) -> list:
     ("cp1252", lambda t: ("Démarrage de l'entraînement — étape 1\n" + t).encode("cp1252"), 1),
 ])
 def test_a_log_in_any_encoding_is_read_as_a_log(tmp_path, name, encode, extra_lines):
-    from mpdoctor.logs import explain_path
-
     text = _oom_log()
     plain = tmp_path / "plain.log"
     plain.write_text(text)
-    want = [(rule, [n + extra_lines for n in lines]) for rule, lines in _evidence(explain_path(plain))]
+    want = [(rule, [n + extra_lines for n in lines]) for rule, lines in _evidence(explain_path(plain, RULES))]
     assert want and want[0][0] == "cuda-oom"
     path = tmp_path / "encoded.log"
     path.write_bytes(encode(text))
-    assert _evidence(explain_path(path)) == want  # same findings, evidence on the same lines
+    assert _evidence(explain_path(path, RULES)) == want  # same findings, evidence on the same lines
 
 
 def test_a_big_utf16_log_is_scanned_in_regions_with_its_line_numbers(tmp_path, monkeypatch):
-    from mpdoctor.logs import explain_path, read
+    from mpdoctor.logs import read
     from mpdoctor.logs import regions as log_regions
 
     monkeypatch.setattr(read, "WHOLE_LIMIT", 64 * 1024)
@@ -320,9 +318,9 @@ def test_a_big_utf16_log_is_scanned_in_regions_with_its_line_numbers(tmp_path, m
     text = "".join(f"[rank0]: step {i} | loss 0.5\n" for i in range(5_000)) + _oom_log()
     (tmp_path / "plain.log").write_text(text)
     (tmp_path / "u16.log").write_bytes(text.encode("utf-16"))
-    big = explain_path(tmp_path / "u16.log")
+    big = explain_path(tmp_path / "u16.log", RULES)
     assert big.input["scanned"] == "regions" and big.input["encoding"] == "utf-16"
-    assert _evidence(big) == _evidence(explain_path(tmp_path / "plain.log"))
+    assert _evidence(big) == _evidence(explain_path(tmp_path / "plain.log", RULES))
 
 
 @pytest.mark.parametrize("name, data", [

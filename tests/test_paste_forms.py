@@ -1,0 +1,81 @@
+"""Pastes as people send them (issue 21): quoted, diff-prefixed and gutter-numbered lines,
+ranks interleaved and glued mid-line, a paste cut right after the `raise` line, kernel and
+container-runtime lines with no Python at all, bare numeric logs going non-finite, and a
+condition the log shows was survived. Each log in fixtures/logs/forms/ was written for this
+test (none comes from a blind set)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpdoctor import rulebase
+from mpdoctor.logs.explain import explain_path, explain_text
+
+FORMS = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "forms"
+
+CASES = [
+    # (file, top category, top rule or None)
+    ("diff-plus-unscale.log", "fp16-gradient-unscale", None),
+    ("quoted-oom.log", "out-of-memory", "cuda-oom"),
+    ("gutter-dtype.log", "dtype-mismatch", None),
+    ("glued-ranks-unscale.log", "fp16-gradient-unscale", None),
+    ("cut-after-raise.log", "fp16-gradient-unscale", None),
+    ("dmesg-amdgpu-gcvm.log", "cuda-kernel-fault", "amdgpu-gpu-page-fault"),
+    ("dmesg-nvrm-xid.log", "cuda-kernel-fault", None),
+    ("container-cuda-requirement.log", "driver-too-old", "container-cuda-requirement-unsatisfied"),
+    ("loss-columns-nan.log", "non-finite-values", "loss-column-nonfinite"),
+    ("loss-dicts-nan.log", "non-finite-values", None),
+    ("comfyui-allocation-on-device.log", "out-of-memory", "comfyui-allocation-on-device"),
+    ("deepspeed-batch-assert-rank-cjk.log", "accelerate-config", "deepspeed-batch-size-mismatch"),
+    ("hccl-ei0006-cjk.log", "distributed-communication", None),
+]
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return rulebase.load(kind="log")
+
+
+@pytest.mark.parametrize("name, category, rule", CASES, ids=[c[0].removesuffix(".log") for c in CASES])
+def test_a_paste_form_is_diagnosed(name, category, rule, rules):
+    findings = explain_path(FORMS / name, rules).findings
+    assert findings, "no finding"
+    top = findings[0]
+    assert (top.severity, top.category) == ("error", category), [(f.severity, f.category, f.rule) for f in findings[:3]]
+    if rule:
+        assert top.rule == rule
+
+
+@pytest.mark.parametrize("prefix", ["+", "> ", "| ", "  12 | ", ">> "])
+def test_a_quoted_or_prefixed_block_reads_as_the_plain_one(prefix, rules):
+    plain = ("Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n    scaler.step(opt)\n"
+             "ValueError: Attempting to unscale FP16 gradients.")
+    text = "\n".join(prefix + line for line in plain.splitlines())
+    top = explain_text(text, rules).findings[0]
+    assert top.category == "fp16-gradient-unscale"
+
+
+def test_the_numeric_finding_says_it_read_numbers_alone(rules):
+    f = explain_path(FORMS / "loss-columns-nan.log", rules).findings[0]
+    text = " ".join([f.title, *f.explanation])
+    assert "numbers alone" in text and "nan" in text
+
+
+def test_a_nan_row_that_recovers_is_no_finding(rules):
+    text = "100 2.4531\n200 nan\n300 2.1187\n400 1.9822\n500 1.9001\n"
+    assert not [f for f in explain_text(text, rules).findings if f.severity == "error"]
+
+
+def test_a_skipped_step_under_a_dynamic_scaler_is_no_error(rules):
+    # one window of grad_norm nan while the loss stays finite and training goes on
+    findings = explain_path(FORMS / "skipped-step-grad-norm-nan.log", rules).findings
+    assert not [f for f in findings if f.severity == "error"], [(f.severity, f.rule) for f in findings]
+
+
+def test_kernel_and_runtime_lines_need_no_python(rules):
+    for name in ("dmesg-amdgpu-gcvm.log", "container-cuda-requirement.log"):
+        text = (FORMS / name).read_text(encoding="utf-8")
+        assert "Traceback" not in text and "Error:" not in text.replace("requirement error:", "")
+        assert explain_text(text, rules).findings[0].severity == "error"

@@ -89,7 +89,7 @@ def case_runners() -> "dict[str, CaseRunner]":
             from .diagnosis.run import events_case
 
             return events_case(path, rules)
-        from .probe.judge import probe_case
+        from .diagnosis.probe import probe_case
 
         return probe_case(path, rules)
 

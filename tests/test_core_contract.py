@@ -168,7 +168,7 @@ def test_every_finding_of_every_face_rerenders_from_its_rule_and_facts():
     from mpdoctor.diagnosis.run import events_case
     from mpdoctor.env.judge import snapshot_case
     from mpdoctor.logs import explain_path
-    from mpdoctor.probe.judge import probe_case
+    from mpdoctor.diagnosis.probe import probe_case
 
     seen: set[str] = set()
     for path in sorted((ROOT / "fixtures" / "logs" / "real").glob("*.log")):

@@ -22,6 +22,8 @@ import pytest
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None:
     pytest.skip("torch and accelerate are needed for live probe runs", allow_module_level=True)
 
+from mpdoctor import rulebase
+from mpdoctor.diagnosis.probe import ModeJudge
 from mpdoctor.probe import ProbeOptions  # noqa: E402
 from mpdoctor.probe.rows import build_rows  # noqa: E402
 from mpdoctor.probe.runner import run_child  # noqa: E402
@@ -146,7 +148,7 @@ def test_a_hanging_mode_is_killed_at_its_deadline(tmp_path):
         del os.environ["MPDOCTOR_PROBE_FAULT"]
     assert out.timed_out and out.result is None
     assert time.monotonic() - started < 15
-    row = build_rows([out], opts)[0]
+    row = build_rows([out], opts, ModeJudge(rulebase.load()))[0]
     assert row.ok is False and row.timed_out
     assert row.error == "timed out after 3 s during import; the child was killed"
     # the whole process group is gone, not left running

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+from mpdoctor import rulebase
+from mpdoctor.diagnosis.probe import ModeJudge
 from mpdoctor.probe.recommend import recommend
 from mpdoctor.probe.report import ProbeReport, to_markdown
 from mpdoctor.probe.rows import ModeRow, build_rows
@@ -117,7 +119,7 @@ def test_rows_compare_against_fp32_and_refuse_gains_for_a_mode_that_did_not_run(
             # accelerate's fp16 on a CPU: fp32 really ran (and happened to be faster)
             _outcome("fp16", _result("fp16", 0.08, 80, "float32", 2.0, ref)),
             _outcome("bf16", _result("bf16", 0.05, 60, "bfloat16", 2.01, [1.0, -2.0, 4.02, 0.5]))]
-    rows = {r.mode: r for r in build_rows(outs, ProbeOptions())}
+    rows = {r.mode: r for r in build_rows(outs, ProbeOptions(), ModeJudge(rulebase.load()))}
     assert rows["fp16"].speedup is None and rows["fp16"].memory_saving is None
     assert rows["fp16"].ran_as_requested is False
     f = rows["fp16"].findings[0]
@@ -141,7 +143,7 @@ def test_failed_child_row_carries_the_rule_base_explanation():
             "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half\n")
     outs = [_outcome("no", _result("no", 0.1, 100, "float32", 2.0, [1.0])),
             _outcome("fp16", None, stderr_tail=tail, last_step=2)]
-    rows = build_rows(outs, ProbeOptions())
+    rows = build_rows(outs, ProbeOptions(), ModeJudge(rulebase.load()))
     assert rows[1].ok is False
     assert rows[1].error == "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half"
     assert rows[1].findings and rows[1].findings[0].category == "dtype-mismatch"
@@ -167,7 +169,7 @@ def test_bad_arguments_exit_2_with_a_clear_message():
 def test_check_probe_does_not_probe_here_for_another_machines_snapshot():
     from pathlib import Path
 
-    from mpdoctor.probe import run_probe_for_check
+    from mpdoctor.diagnosis.probe import run_probe_for_check
 
     snap = json.loads((Path(__file__).resolve().parents[1] / "fixtures/snapshots/a100-bf16.json").read_text())
     out = run_probe_for_check(snap, progress=False)

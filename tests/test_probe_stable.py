@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from mpdoctor import rulebase
+from mpdoctor.diagnosis.probe import ModeJudge
 from mpdoctor.probe.recommend import recommend
 from mpdoctor.probe.report import ProbeReport, to_markdown, to_text_lines
 from mpdoctor.probe.rows import build_rows
@@ -80,7 +82,7 @@ def _report(base_rounds: list[list[float]], bf16_rounds: list[list[float]], *, o
                          returncode=0, timed_out=False, wall_s=1.0, stderr_tail="", last_phase="train", last_step=0),
             ChildOutcome(mode="bf16", result=_result("bf16", bf16_rounds, "bfloat16", others=others),
                          returncode=0, timed_out=False, wall_s=1.0, stderr_tail="", last_phase="train", last_step=0)]
-    rows = build_rows(outs, opts)
+    rows = build_rows(outs, opts, ModeJudge(rulebase.load()))
     base = outs[0].result
     return ProbeReport(rows=rows, recommendation=recommend(rows, "cpu"), device=base["device"],
                        workload=base["workload"], overhead=base.get("overhead"),
@@ -169,7 +171,7 @@ def test_the_modes_are_timed_in_turn(tmp_path, monkeypatch):
     """fp32 and bf16 children alive together, timed one after the other, round by round
     (their rounds' start times on the system-wide clock alternate, the first of each
     round turning); three rounds are too few for an interval, and the report says so."""
-    from mpdoctor.probe import run_probe
+    from mpdoctor.diagnosis.probe import run_probe
     from mpdoctor.probe.report import to_text_lines
 
     monkeypatch.setenv("MPDOCTOR_SAVE_PROBE", str(tmp_path))

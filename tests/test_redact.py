@@ -397,7 +397,7 @@ def test_no_secret_in_a_saved_events_file(tmp_path, planted, env_name, value):
 @given(planted=planted_secret(), value=VALUE)
 def test_no_secret_in_a_saved_probe_file(tmp_path, monkeypatch, planted, value):
     """MPDOCTOR_SAVE_PROBE=DIR: the file probe/judge.save_evidence writes, read back."""
-    from mpdoctor.probe.judge import save_evidence
+    from mpdoctor.diagnosis.probe import save_evidence
 
     text, secret = planted
     evidence = json.loads(PROBE.read_text())

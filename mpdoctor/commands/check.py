@@ -79,13 +79,13 @@ def config_file_problem(path: str | None) -> str | None:
     return None
 
 
-def _attach_probe(report: Any, snapshot: dict[str, Any]) -> None:
+def _attach_probe(report: Any, snapshot: dict[str, Any], rules: Any) -> None:
     try:
-        from ..probe import run_probe_for_check
+        from ..diagnosis.probe import run_probe_for_check
     except ImportError as exc:
         report.extra["probe"] = {"error": f"the probe is not available in this build ({exc})"}
         return
-    result = run_probe_for_check(snapshot) or {}
+    result = run_probe_for_check(snapshot, rules=rules) or {}
     # the probe's findings join the report's own list; the rest is the probe's table
     report.findings = rank_findings(report.findings + list(result.get("findings", [])))
     report.extra["probe"] = {k: v for k, v in result.items() if k != "findings"}
@@ -131,7 +131,7 @@ def main(args: Namespace) -> int:
     add_context(report, snapshot)
     unjudged = mark_not_judged(report, snapshot, live=not args.snapshot, python=getattr(args, "python", None))
     if getattr(args, "probe", False):
-        _attach_probe(report, snapshot)
+        _attach_probe(report, snapshot, rules)
     heading = "mpdoctor check" + (f" --snapshot {args.snapshot}" if args.snapshot else " (this machine)")
     from ..render import emit_checklist
 

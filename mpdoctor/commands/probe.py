@@ -125,8 +125,9 @@ def _torch_problem(args: Namespace, opts: Any) -> int | None:
 
 
 def main(args: Namespace) -> int:
+    from ..diagnosis.probe import run_probe_with_progress
     from ..engine.rule import RuleError
-    from ..probe import print_terminal, run_probe_with_progress, to_markdown
+    from ..probe import print_terminal, to_markdown
     from ..rulebase import load
 
     try:

@@ -1,7 +1,9 @@
 """One probe mode judged by the rule base: the probe rules over its measurements, and,
 through diagnosis.run, the run rules over what the watch saw and the env rules over the
 environment the mode's child ran in (with what the probe measured as observed facts).
-A failed mode's stderr is read by the log rules, as `explain` would read it."""
+A failed mode's stderr is read by the log rules, as `explain` would read it. The probe
+face (mpdoctor/probe/) runs the modes and is handed a ModeJudge; `run_probe*` here compose
+the two for the commands."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from ..engine.assemble import conclude
 from ..engine.judge import checks_in, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding
-from . import checks as probe_checks
-from .evidence import ProbeView, read_probe_evidence
+from ..probe import checks as probe_checks
+from ..probe.evidence import ProbeView, read_probe_evidence
 
 _CHECKS: dict[str, Any] | None = None
 
@@ -43,7 +45,7 @@ def judge_failed_mode(mode: str, stderr: str, rules: list[Rule]) -> tuple[list[F
 
 
 def judge_mode(evidence: dict[str, Any], rules: list[Rule], stderr: str = "") -> list[Finding]:
-    from ..diagnosis.run import judge_run
+    from .run import judge_run
 
     view = ProbeView(evidence)
     by_id = {r.id: r for r in rules}
@@ -89,3 +91,50 @@ def save_evidence(evidence: dict[str, Any]) -> None:
 def probe_case(path: str, rules: list[Rule]) -> list[Finding]:
     """How `rules test` judges an example that is a probe mode's recorded evidence."""
     return judge_mode(read_probe_evidence(path), rules)
+
+
+class ModeJudge:
+    """How the probe's parent judges its modes (handed to probe.rows.build_rows): a failed
+    mode's stderr by the log rules, a mode that trained by the probe, run and env rules,
+    each mode's evidence kept where MPDOCTOR_SAVE_PROBE says."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
+
+    def failed(self, mode: str, stderr: str) -> tuple[list[Finding], list[str]]:
+        return judge_failed_mode(mode, stderr, self.rules)
+
+    def mode(self, evidence: dict[str, Any], stderr: str = "") -> list[Finding]:
+        return judge_mode(evidence, self.rules, stderr)
+
+    def save(self, evidence: dict[str, Any]) -> None:
+        save_evidence(evidence)
+
+
+def run_probe(opts: Any, progress: Any = None, rules: list[Rule] | None = None) -> Any:
+    """The probe, judged: the probe face runs every mode, the rule base judges each."""
+    from .. import probe
+
+    return probe.run_probe(opts, progress, ModeJudge(rules if rules is not None else _rules(opts)))
+
+
+def run_probe_with_progress(opts: Any, *, progress: bool = True, rules: list[Rule] | None = None) -> Any:
+    from .. import probe
+
+    return probe.run_probe_with_progress(opts, ModeJudge(rules if rules is not None else _rules(opts)),
+                                         progress=progress)
+
+
+def run_probe_for_check(snapshot: dict[str, Any] | None = None, opts: Any = None, *, progress: bool = True,
+                        rules: list[Rule] | None = None) -> dict[str, Any]:
+    from .. import probe
+
+    opts = opts or probe.ProbeOptions()
+    return probe.run_probe_for_check(snapshot, opts, ModeJudge(rules if rules is not None else _rules(opts)),
+                                     progress=progress)
+
+
+def _rules(opts: Any) -> list[Rule]:
+    from ..rulebase import load
+
+    return load(getattr(opts, "rules", None) or None)

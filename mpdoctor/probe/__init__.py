@@ -20,9 +20,10 @@ __all__ = ["MODES", "Interrupted", "ModelSpecFailed", "ProbeOptions", "ProbeRepo
            "run_probe_for_check", "run_probe_with_progress", "to_markdown"]
 
 
-def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeReport:
+def run_probe(opts: ProbeOptions, progress: Progress | None, judge: Any) -> ProbeReport:
+    """Every mode run; `judge` (diagnosis.probe.ModeJudge, with the rule base) judges each."""
     outcomes, meta = run_modes(opts, progress)
-    rows = build_rows(outcomes, opts)
+    rows = build_rows(outcomes, opts, judge)
     base = next((o.result for o in outcomes if o.mode == "no" and o.result), None)
     first = base or next((o.result for o in outcomes if o.result), None) or {}
     options = {"modes": list(opts.modes), "steps": opts.steps, "warmup": opts.warmup_steps,
@@ -38,7 +39,7 @@ def run_probe(opts: ProbeOptions, progress: Progress | None = None) -> ProbeRepo
                        options=options, wall_s=meta["wall_s"])
 
 
-def run_probe_for_check(snapshot: dict[str, Any] | None = None, opts: ProbeOptions | None = None, *,
+def run_probe_for_check(snapshot: dict[str, Any] | None, opts: ProbeOptions | None, judge: Any, *,
                         progress: bool = True) -> dict[str, Any]:
     """For `mpdoctor check --probe` (the contract in mpdoctor/check.py): the default
     probe of this machine as a dict, the probe's JSON plus "findings" (Finding objects,
@@ -54,7 +55,7 @@ def run_probe_for_check(snapshot: dict[str, Any] | None = None, opts: ProbeOptio
         return {"findings": [], "lines": [f"not run: the snapshot is from another machine ({elsewhere}); "
                                           "the probe measures only the machine it runs on"], "ran": False}
     try:
-        report = run_probe_with_progress(opts or ProbeOptions(), progress=progress)
+        report = run_probe_with_progress(opts or ProbeOptions(), judge, progress=progress)
     except Interrupted as exc:
         exc.die()
         raise
@@ -92,11 +93,11 @@ def _other_machine(snapshot: dict[str, Any] | None) -> str | None:
     return None
 
 
-def run_probe_with_progress(opts: ProbeOptions, *, progress: bool = True) -> ProbeReport:
+def run_probe_with_progress(opts: ProbeOptions, judge: Any, *, progress: bool = True) -> ProbeReport:
     """run_probe with the rich progress bar on stderr, only when it is a terminal."""
     bar = _ProgressBar(opts) if progress and sys.stderr.isatty() else None
     try:
-        return run_probe(opts, bar.update if bar else None)
+        return run_probe(opts, bar.update if bar else None, judge)
     finally:
         if bar:
             bar.close()

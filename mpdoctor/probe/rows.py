@@ -3,7 +3,7 @@
 Pure Python over the children's JSON (no torch). The rules of honesty live here: a
 mode whose first matmul did not run in the requested dtype gets no speed-up and no
 memory saving (it did not happen). What the rows say about a mode comes from the rule
-base (probe.judge): a failed mode's stderr as `explain` reads it, a mode that trained
+base (diagnosis.probe, handed in): a failed mode's stderr as `explain` reads it, a mode that trained
 through the probe, run and env rules.
 """
 
@@ -142,11 +142,9 @@ def _last_exception_line(text: str) -> str | None:
     return found
 
 
-def build_rows(outcomes: list[ChildOutcome], opts: ProbeOptions) -> list[ModeRow]:
-    from ..rulebase import load
-    from .judge import judge_failed_mode, judge_mode, save_evidence
-
-    rules = load(opts.rules)
+def build_rows(outcomes: list[ChildOutcome], opts: ProbeOptions, judge: Any) -> list[ModeRow]:
+    """One row per mode. `judge` (diagnosis.probe.ModeJudge) judges each mode with the
+    rule base: `failed(mode, stderr)`, `mode(evidence, stderr)`, `save(evidence)`."""
     base = next((o for o in outcomes if o.mode == "no"), None)
     base_res = base.result if base else None
     options = {"stress": opts.stress, "model": opts.model_name, "device": opts.device, "steps": opts.steps}
@@ -156,14 +154,14 @@ def build_rows(outcomes: list[ChildOutcome], opts: ProbeOptions) -> list[ModeRow
                       timed_out=out.timed_out, wall_s=round(out.wall_s, 2))
         if out.result is None:
             row.error = _death(out, opts)
-            row.findings, unknown = judge_failed_mode(out.mode, out.stderr_tail, rules)
+            row.findings, unknown = judge.failed(out.mode, out.stderr_tail)
             if not row.findings and unknown:
                 row.note = f"not recognised by the rule base: {unknown[-1]}"
         else:
             _fill_measured(row, out.result, base_res, opts)
             evidence = probe_evidence(out.mode, out.result, base_res if out.mode != "no" else None, options)
-            save_evidence(evidence)
-            row.findings = judge_mode(evidence, rules, out.stderr_tail)
+            judge.save(evidence)
+            row.findings = judge.mode(evidence, out.stderr_tail)
         rows.append(row)
     return rows
 

@@ -70,6 +70,8 @@ class Readout:
         # the next steps are watched, so that the one that makes it can be named)
         self.sampled: Callable[[int], bool] = lambda step: True
         self.held_loss: NonFinite | None = None
+        # the largest finite |output| of any watched module so far: (value, module, dtype)
+        self._seen_max: tuple[float, Any, Any] = (0.0, None, None)
 
     def read(self, meta: list[tuple], scalars: dict[Any, list[Tensor]], vectors: dict[Any, list[Tensor]],
              scaler_active: bool, root: Any) -> bool:
@@ -88,6 +90,7 @@ class Readout:
         loss_by_step: dict[int, float] = {}
         norm_by_step: dict[int, float] = {}
         isfinite = math.isfinite
+        seen_max = self._seen_max[0]
         for i, (kind, mod, dev, off, aux, step, dtype) in enumerate(meta):
             vals = values[dev]
             if kind in ("in", "out", "gin", "gout"):
@@ -98,11 +101,12 @@ class Readout:
                         if first_fwd is None:
                             first_fwd = i
                     else:
+                        absmax = -mn if -mn > mx else mx
+                        if absmax > seen_max:
+                            seen_max, self._seen_max = absmax, (absmax, mod, dtype)
                         limit = _LOW_MAX.get(dtype)
-                        if limit is not None:
-                            absmax = max(-mn, mx)
-                            if absmax > OVERFLOW_FRACTION * limit:
-                                hot.append((mod, step, dtype, absmax, limit))
+                        if limit is not None and absmax > OVERFLOW_FRACTION * limit:
+                            hot.append((mod, step, dtype, absmax, limit))
                 elif kind != "in" and not finite and first_bwd is None:
                     first_bwd = i
             elif kind == "loss":
@@ -210,6 +214,9 @@ class Readout:
             return False
         self._nf_phases.add(rec.phase)
         rec.steps_affected = len(self._nf_steps)
+        value, mod, dtype = self._seen_max
+        if mod is not None:
+            rec.seen_absmax, rec.seen_module, rec.seen_dtype = value, self._name_of(mod), dtype_name(dtype)
         self.nonfinite.append(rec)
         return True
 

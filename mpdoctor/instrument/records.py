@@ -27,6 +27,11 @@ class NonFinite:
     # computed outside any module; "param-grad": only a parameter's gradient.
     origin: str = "module"
     steps_affected: int = 1
+    # The largest finite |value| a watched module had output before it (over the run so
+    # far), the module and its dtype: how close the run was to the dtype's range.
+    seen_absmax: float | None = None
+    seen_module: str | None = None
+    seen_dtype: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

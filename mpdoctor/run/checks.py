@@ -68,9 +68,31 @@ def _nonfinite_facts(p: Process, nf: dict[str, Any], v: RunView) -> dict[str, An
             facts["_fp16_overflow"] = "yes"
             if absmax > FP16_MAX:
                 facts["input_absmax"] = _num(absmax)
+    facts.update(_magnitudes(nf))
     if v.multi_rank and p.rank is not None:
         facts["rank"] = p.rank
     return facts
+
+
+# the largest finite value of each floating dtype
+DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+             "float64": 1.7976931348623157e308}
+
+
+def _magnitudes(nf: dict[str, Any]) -> dict[str, Any]:
+    """The largest finite |value| a watched module output before the non-finite one, and
+    how far that was from its dtype's largest value (the headroom)."""
+    seen, dtype = nf.get("seen_absmax"), nf.get("seen_dtype")
+    if seen is None or not isinstance(seen, (int, float)) or not math.isfinite(seen):
+        return {}
+    out: dict[str, Any] = {"seen_absmax": f"{seen:.3g}", "seen_module": nf.get("seen_module"), "seen_dtype": dtype}
+    limit = DTYPE_MAX.get(dtype or "")
+    if limit:
+        out["dtype_max"] = f"{limit:.3g}"
+        if seen > 0:
+            ratio = limit / seen
+            out["headroom"] = f"{ratio:.3g}×" if ratio < 1e6 else f"{ratio:.1e}×"
+    return out
 
 
 def _nonfinite_evidence(p: Process, nf: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -96,7 +118,8 @@ def _nonfinite_check(v: RunView, phase: str, origins: tuple[str, ...]) -> Result
 
 
 _NF_FACTS = ("module", "module_type", "where", "phase", "step", "dtype", "what", "steps_affected", "input_range",
-             "input_dtype", "input_absmax", "_fp16_overflow", "rank")
+             "input_dtype", "input_absmax", "_fp16_overflow", "rank", "seen_absmax", "seen_module", "seen_dtype",
+             "dtype_max", "headroom")
 
 
 @check(facts=_NF_FACTS)

@@ -47,7 +47,26 @@ class MpdoctorCallback(SessionResults, TrainerCallback):  # type: ignore[misc, v
         if model is None:
             return
         self.session.start(model)
+        self._see_trainer_precision(kwargs.get("optimizer"))
         self._hook_uncaught()
+
+    def _see_trainer_precision(self, optimizer: Any) -> None:
+        """The Trainer made its Accelerator before training began, so the watch never saw
+        it: hand the precision it asked for (accelerate's shared state, the prepared
+        optimizer's scaler) to the plan, as `mpdoctor run` sees it (Trainer(fp16=True,
+        use_cpu=True) then reads as fp16 asked for, trained in fp32)."""
+        h = self.session.handle
+        recorder = getattr(h, "recorder", None)
+        if recorder is None or recorder.plan_tracker.accelerators or "accelerate" not in sys.modules:
+            return
+        try:
+            from accelerate.state import AcceleratorState
+
+            if not AcceleratorState._shared_state:
+                return
+            recorder.on_accelerator(_TrainerAccelerator(AcceleratorState(), optimizer))
+        except Exception as exc:  # fail open, as the watcher does
+            recorder._fail(exc)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # steps as the Trainer counts them (optimizer steps, gradient accumulation included)
@@ -95,3 +114,31 @@ class MpdoctorCallback(SessionResults, TrainerCallback):  # type: ignore[misc, v
             if sys.excepthook is ours:
                 sys.excepthook = previous
             self._excepthook = None
+
+
+class _TrainerAccelerator:
+    """What the precision plan reads of an Accelerator, from accelerate's shared state
+    and the Trainer's prepared optimizer."""
+
+    def __init__(self, state: Any, optimizer: Any) -> None:
+        self._state, self._optimizer = state, optimizer
+
+    @property
+    def mixed_precision(self) -> Any:
+        return self._state.mixed_precision
+
+    @property
+    def distributed_type(self) -> Any:
+        return self._state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self._state.num_processes
+
+    @property
+    def scaler(self) -> Any:
+        return getattr(self._optimizer, "scaler", None)
+
+    @property
+    def optimizer_step_was_skipped(self) -> Any:
+        return getattr(self._optimizer, "step_was_skipped", None)

@@ -405,9 +405,21 @@ def write_rules(catalogue: Path, rules_dir: Path) -> None:
         rules = rulebase.load(kind="log")
         only = [r for r in rules if r.id.startswith("catalogue-")]
         failed = [r for r in selftest.run_selftest(rules, rulebase.case_runners(), only) if not r.ok]
+        # a catalogue rule must never outrank a hand-written rule on that rule's own example
+        by_id = {r.id: r for r in rules}
+        for f in selftest.run_selftest(rules, rulebase.case_runners(), [r for r in rules if r not in only]):
+            if f.ok or f.kind != "example" or "'catalogue-" not in f.message:
+                continue
+            ex = by_id[f.rule].examples[f.index]
+            text = ex.text or ((ROOT / ex.file).read_text(encoding="utf-8", errors="replace") if ex.file else "")
+            for pats in written.values():
+                drop.update(p for p in pats if re.search(p, text))
+            failed.append(f)
         if not failed:
             return
         for f in failed:
+            if f.rule not in written:
+                continue  # a hand-written rule's example, handled above
             pats = written[f.rule]  # one example per pattern, in the same order
             if f.kind == "example":
                 drop.add(pats[f.index])
@@ -459,7 +471,7 @@ def _write_rules(catalogue: Path, rules_dir: Path, drop: set[str]) -> dict[str, 
             "priority = 20", "",
             "patterns = [",
         ]
-        lines += ["  '''(?P<message>" + p + ")'''," for p in pats]
+        lines += ["  '''(?P<message>" + p + ".{0,240})'''," for p in pats]  # the rest of the line too
         lines += [
             "]", "",
             "explanation = [" + _q("The library reported: \"{message}\".") + ", " + _q(

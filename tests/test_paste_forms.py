@@ -31,6 +31,7 @@ CASES = [
     ("deepspeed-batch-assert-rank-cjk.log", "accelerate-config", "deepspeed-batch-size-mismatch"),
     ("hccl-ei0006-cjk.log", "distributed-communication", None),
 ]
+SURVIVED = {"skipped-step-grad-norm-nan.log"}  # must stay quiet: test_a_skipped_step_...
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,8 @@ def test_a_nan_row_that_recovers_is_no_finding(rules):
 
 def test_a_skipped_step_under_a_dynamic_scaler_is_no_error(rules):
     # one window of grad_norm nan while the loss stays finite and training goes on
-    findings = explain_path(FORMS / "skipped-step-grad-norm-nan.log", rules).findings
+    [name] = SURVIVED
+    findings = explain_path(FORMS / name, rules).findings
     assert not [f for f in findings if f.severity == "error"], [(f.severity, f.rule) for f in findings]
 
 
@@ -79,3 +81,30 @@ def test_kernel_and_runtime_lines_need_no_python(rules):
         text = (FORMS / name).read_text(encoding="utf-8")
         assert "Traceback" not in text and "Error:" not in text.replace("requirement error:", "")
         assert explain_text(text, rules).findings[0].severity == "error"
+
+
+LOSS_ROWS = "".join(f"{{'loss': {2.0 - i / 10:.4f}, 'grad_norm': 1.1, 'epoch': {i / 10}}}\n" for i in range(1, 6))
+NAN_WINDOW = ("{'loss': 2.1, 'grad_norm': 1.3, 'epoch': 0.0}\n{'loss': nan, 'grad_norm': nan, 'epoch': 0.05}\n"
+              "{'loss': nan, 'grad_norm': nan, 'epoch': 0.06}\n")
+
+
+def test_a_condition_training_went_on_after_is_information(rules):
+    # severity from context: the same non-finite window, then normal training
+    findings = explain_text(NAN_WINDOW + LOSS_ROWS, rules).findings
+    assert findings and not [f for f in findings if f.severity in ("error", "warning")], \
+        [(f.severity, f.rule) for f in findings]
+    nan = next(f for f in findings if f.category == "non-finite-values")
+    assert nan.severity == "info" and "survived" in nan.explanation
+
+
+def test_the_same_condition_with_nothing_after_stays_an_error(rules):
+    findings = explain_text(NAN_WINDOW, rules).findings
+    assert findings[0].severity == "error" and findings[0].category == "non-finite-values"
+
+
+def test_a_condition_followed_by_a_traceback_is_not_survived(rules):
+    tb = ('Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    main()\n'
+          "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    findings = explain_text(NAN_WINDOW + LOSS_ROWS + tb, rules).findings
+    assert any(f.category == "non-finite-values" and f.severity == "error" for f in findings), \
+        [(f.severity, f.rule) for f in findings]

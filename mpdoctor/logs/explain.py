@@ -54,6 +54,11 @@ def prefilter_for(rules: list[Rule]) -> Prefilter:
 def explain_lines(lines: list[LogLine], rules: list[Rule], extra_facts: dict[str, Any] | None = None) -> Report:
     tracebacks = segment(lines)
     findings, unrecognised = matcher_for(rules).findings(lines, tracebacks, extra_facts)
+    if findings:  # severity from context: what the log shows was survived is information
+        from ..engine.survived import lower_survived
+        from ..findings import rank_findings
+
+        findings = rank_findings(lower_survived(findings, lines, tracebacks))
     return Report(findings=findings, unrecognised=unrecognised)
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from mpdoctor import rulebase
-from mpdoctor.logs import explain_path
 from mpdoctor.findings import CATEGORIES
+from mpdoctor.logs import explain_path
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
-SETS = ("real", "blind1", "blind2")
+SETS = ("real", "blind1", "blind2", "blind3")
 MANIFESTS = {name: tomllib.loads((LOGS / name / "MANIFEST.toml").read_text(encoding="utf-8"))["log"] for name in SETS}
 ROOT = LOGS / "real"
 MANIFEST = MANIFESTS["real"]
@@ -51,9 +51,26 @@ def test_manifest_is_well_formed(name):
     assert "none" in cats
 
 
+# blind3 (issue 21's fresh set) was added after its "after" score (95/103 top-1, 1/26 false
+# alarms, the same as untouched): its misses are known, strict, and not tuned on.
+BLIND3_MISSES = {  # what the scorer printed (the pastes themselves were not read)
+    "accel-accelerate-mixedprecision-none.log": "silent (unrecognised AttributeError: 'NoneType' ... 'lower')",
+    "accel-diffusers-dreambooth-mixedprecision-space.log": "silent [damaged:prose, symptom-only]",
+    "dtype-llamafactory-sft-layernorm-cast-quoted.log": "silent [damaged:quoted, damaged:cut]",
+    "fp8-rocm-mamf-tunable-scaled-gemm.log": "said half-op-not-implemented [platform:hip, damaged:cut, wording:new]",
+    "hostoom-dreamerv3-killed-cjk.log": "silent [damaged:cjk, symptom-only]",
+    "lossscale-cogvideo-keyerror-shadow.log": "silent [symptom-only, wording:indirect]",
+    "nan-sdnext-vae-nansexception.log": "silent [damaged:prose, platform:windows]",
+    "oom-damoyolo-cudnn-notinit-cjk.log": "said cublas-cudnn-not-initialized [damaged:cjk, wording:indirect]",
+    "none-ltp-cpu-nodriver-warning.log": "a look-alike given an error finding: cuda-unavailable (no-nvidia-driver)",
+}
+
+
 def _param(entry, name="real"):
     # A known miss carries its reason (`xfail = "..."`, usually an engine/normaliser limit);
     # strict, so the entry has to be updated the day it starts passing.
+    if name == "blind3" and entry["file"] in BLIND3_MISSES:
+        entry = {**entry, "xfail": BLIND3_MISSES[entry["file"]]}
     marks = [pytest.mark.xfail(reason=entry["xfail"], strict=True)] if "xfail" in entry else []
     return pytest.param(entry, name, id=f"{name}/" + entry["file"].removesuffix(".log"), marks=marks)
 

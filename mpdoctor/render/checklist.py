@@ -190,5 +190,5 @@ def emit_checklist(report: Report, fmt: str, heading: str = "mpdoctor check", *,
     elif fmt == "oneline":
         sys.stdout.write(to_oneline(report, where, anonymize=anonymize))
     else:
-        print_checklist(report, make_console(anonymize=anonymize), heading, anonymize=anonymize, verbose=verbose)
+        print_checklist(report, make_console(anonymize=anonymize, plain_ok=True), heading, anonymize=anonymize, verbose=verbose)
     sys.stdout.flush()

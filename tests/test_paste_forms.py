@@ -12,6 +12,8 @@ import pytest
 
 from mpdoctor import rulebase
 from mpdoctor.logs.explain import explain_path, explain_text
+from mpdoctor.logtext import normalise
+from mpdoctor.logtext.normalise import unquote
 
 FORMS = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "forms"
 
@@ -108,3 +110,33 @@ def test_a_condition_followed_by_a_traceback_is_not_survived(rules):
     findings = explain_text(NAN_WINDOW + LOSS_ROWS + tb, rules).findings
     assert any(f.category == "non-finite-values" and f.severity == "error" for f in findings), \
         [(f.severity, f.rule) for f in findings]
+
+
+WRAPPED = ['Traceback (most recent call last):', '  File "/app/train.py", line 9, in <module>', '    out = model(x)',
+           'RuntimeError: expected scalar type', 'Float but found BFloat16']
+
+
+@pytest.mark.parametrize("mark", ["> ", "> > ", "+", "| ", "gutter"])
+def test_a_quoted_paste_is_unquoted_in_the_normalisers_view(mark, rules):
+    # the message is hard-wrapped: it reads whole only once the marks are off every line
+    lines = [(f"{i:>3} | " if mark == "gutter" else mark) + ln for i, ln in enumerate(WRAPPED, 1)]
+    seen = [ln.text for ln in normalise("\n".join(lines))]
+    assert seen[0] == "Traceback (most recent call last):", seen
+    top = explain_text("\n".join(lines), rules).findings[0]
+    assert (top.category, top.rule) == ("dtype-mismatch", "expected-scalar-type")
+
+
+def test_a_quoted_paste_whose_last_line_lost_its_mark(rules):
+    text = "\n".join("> " + ln for ln in WRAPPED[:-1]) + "\n" + WRAPPED[-1]
+    assert explain_text(text, rules).findings[0].category == "dtype-mismatch"
+
+
+def test_a_few_marked_lines_or_a_box_are_left_as_they_are():
+    mixed = "step 1\nstep 2\nstep 3\n> a quoted remark\nstep 4\n"
+    assert unquote(mixed) == mixed
+    box = ("│ /home/u/train.py:12 in main                                  │\n"
+           "│   11 │     loss = model(x)                                    │\n"
+           "│ ❱ 12 │     loss.backward()                                    │\n")
+    assert unquote(box) == box
+    ascii_box = "+----------------------------+\n| Traceback (most recent call last) |\n| a.py:3 |\n| b.py:4 |\n"
+    assert unquote(ascii_box) == ascii_box

@@ -158,8 +158,51 @@ class _Stream:
 _GUTTER = LazyRe(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13 │ code", "   7 x = 1"
 
 
+# A paste quoted or marked line by line: e-mail/markdown quotes ("> ", "> > "), a diff's
+# added lines ("+"), a table or blame column ("| ", "│"), a line-number gutter ("12 | ").
+# Rich/ASCII boxes ("╭─", "│ ... │", "+---+", "| ... |") are the box reader's, never unquoted.
+_QUOTE_MARKS = ">+|0123456789 "
+_QUOTE = LazyRe(r"^(?:>[ \t]?){1,4}|^\+(?![+-]{2})|^\|\s?|^\s{0,6}\d{1,6}\s{0,3}\|\s?")
+_BOXED = LazyRe(r"[╭┏╔│┃║]|^\s*\+-{10,}", re.M)
+_TABLE_END = LazyRe(r"\s{0,4}[|│]\s{0,4}$")
+QUOTED_SHARE = 0.6  # of a paste's first non-blank lines carrying one mark: the paste is quoted
+
+
+def unquote(text: str) -> str:
+    """`text` with a quote or diff mark taken off every line that carries it, when most
+    of its first lines carry the same mark (one cheap look at the head otherwise)."""
+    first = text.lstrip("\n")[:1]
+    if not first or first not in _QUOTE_MARKS:
+        return text
+    if _BOXED.search(text[:4096]):
+        return text
+    head = [ln for ln in text[:4096].split("\n")[:60] if ln.strip()]
+    kinds: dict[str, int] = {}
+    for ln in head:
+        m = _QUOTE.match(ln)
+        if m:
+            mark = m.group(0)
+            kind = "gutter" if mark.strip()[:1].isdigit() else mark.strip()[:1]
+            kinds[kind] = kinds.get(kind, 0) + 1
+    if not kinds:
+        return text
+    kind, n = max(kinds.items(), key=lambda kv: kv[1])
+    if n < 3 or n < QUOTED_SHARE * len(head):
+        return text
+    out = []
+    for ln in text.split("\n"):
+        m = _QUOTE.match(ln)
+        if m and ("gutter" if m.group(0).strip()[:1].isdigit() else m.group(0).strip()[:1]) == kind:
+            ln = ln[m.end():]
+            if kind == "|":
+                ln = _TABLE_END.sub("", ln)
+        out.append(ln)
+    return "\n".join(out)
+
+
 def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
     """Turn raw (decoded) log text into clean logical lines."""
+    text = unquote(text)
     out: list[LogLine] = []
     streams: dict[tuple[int | None, str | None], _Stream] = {}
 

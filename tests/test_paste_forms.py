@@ -140,3 +140,12 @@ def test_a_few_marked_lines_or_a_box_are_left_as_they_are():
     assert unquote(box) == box
     ascii_box = "+----------------------------+\n| Traceback (most recent call last) |\n| a.py:3 |\n| b.py:4 |\n"
     assert unquote(ascii_box) == ascii_box
+
+
+def test_a_source_line_two_ranks_glued_is_split_at_the_frame_boundary():
+    lines = [ln.text for ln in normalise((FORMS / "glued-ranks-unscale.log").read_text(encoding="utf-8"))]
+    assert lines.count("    self.optimizer.step()") == 2 and lines.count("    main()") == 2, lines
+    assert not any("step()self" in ln for ln in lines)
+    # an ordinary source line is left whole
+    assert [ln.text for ln in normalise("    return F.linear(input, self.weight, self.bias)")] == \
+        ["    return F.linear(input, self.weight, self.bias)"]

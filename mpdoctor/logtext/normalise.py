@@ -100,7 +100,29 @@ def split_logical(body: str) -> list[str]:
         return _unflatten(body)
     if "Traceback (most recent call last)" in body or 'File "' in body:
         return [p for p in _GLUED.split(body)]
+    if body[:2] == "  " and len(body) <= 400:
+        twice = _doubled(body)
+        if twice:
+            return [twice, twice]
     return [body]
+
+
+def _doubled(body: str) -> str | None:
+    """A traceback's source line written by two processes at once and glued mid-line
+    ("    self.optimizer.step()self.optimizer.step()", "    main()    main()"): the one
+    line (with its indentation), or None."""
+    text = body.strip()
+    if len(text) < 8:
+        return None
+    at = text.find(text[:4], 4)
+    for _ in range(4):
+        if at == -1:
+            break
+        first, second = text[:at].rstrip(), text[at:]
+        if first == second:
+            return body[:len(body) - len(body.lstrip())] + first
+        at = text.find(text[:4], at + 1)
+    return None
 
 
 def _unflatten(body: str) -> list[str]:

@@ -96,3 +96,20 @@ def test_run_names_the_missing_unscale_as_the_first_finding(tmp_path, fixed) -> 
     top = data["findings"][0]
     assert (top["rule"], top["facts"]["step"], top["facts"]["scale"]) == ("scaler-clip-before-unscale", 0, "65,536")
     assert b"clipped while still multiplied by the loss scale" in p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, title", [
+    ("update", b"scaler.update() was called with no scaler.step() since the last update"),
+    ("unscale", b"scaler.unscale_() was called twice on one optimizer before scaler.update()"),
+])
+def test_a_scaler_call_out_of_order_under_accumulation_is_named(tmp_path, mode, title) -> None:
+    script = ROOT / "fixtures" / "scripts" / "scenarios" / "amp_accumulation_scaler_order.py"
+    report = tmp_path / "report.json"
+    p = subprocess.run([sys.executable, "-m", "mpdoctor", "run", "--report", str(report), "--", sys.executable,
+                        str(script), mode], capture_output=True, timeout=240, cwd=tmp_path, env=dict(os.environ, NO_COLOR="1"))
+    assert p.returncode == 1  # the script's own exit status
+    top = json.loads(report.read_text())["findings"][0]
+    assert (top["rule"], top["category"]) == ("scaler-call-order", "fp16-gradient-unscale")
+    assert top["facts"]["user_frame"].endswith("amp_accumulation_scaler_order.py:" + ("36" if mode == "update" else "30"))
+    assert title in p.stderr

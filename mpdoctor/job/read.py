@@ -330,7 +330,7 @@ class JobReader:
 
         found = []
         for d in data.get("findings") or []:
-            f = _finding_of(d)
+            f = _finding_of(d, self.rules)
             if f is not None and f.ranks:
                 f.ranks = global_ranks(f.ranks)
                 found.append((f, None))
@@ -425,19 +425,24 @@ class JobReader:
         pending.clear()
 
 
-def _finding_of(d: Any) -> Finding | None:
-    """A finding of a report's JSON, as its rule rendered it."""
-    from ..findings import CATEGORIES, SEVERITIES
+def _finding_of(d: Any, rules: list[Rule]) -> Finding | None:
+    """A finding of a node's report, said again by this machine's rule of the same id over
+    the facts the report carries (only rules speak: a report's words are not copied); a
+    finding whose rule this rule base does not have is left out."""
+    from ..engine.assemble import assemble
 
-    if not isinstance(d, dict) or d.get("category") not in CATEGORIES or d.get("severity") not in SEVERITIES:
+    if not isinstance(d, dict):
+        return None
+    rule = next((r for r in rules if r.id == d.get("rule")), None)
+    if rule is None:
         return None
     ev = [Evidence(str(e.get("text", "")), e.get("line"), str(e.get("source") or "log"))
           for e in d.get("evidence") or [] if isinstance(e, dict)]
-    return Finding(str(d.get("rule")), d["category"], d["severity"], str(d.get("title", "")),
-                   str(d.get("explanation", "")), list(d.get("fixes") or []), ev, dict(d.get("facts") or {}),
-                   list(d.get("references") or []), int(d.get("count") or 1),
-                   [r for r in d.get("ranks") or [] if isinstance(r, int)], bool(d.get("consequence")),
-                   likely=bool(d.get("likely")))
+    facts = dict(d.get("facts") or {}) if isinstance(d.get("facts"), dict) else {}
+    if d.get("severity") in ("error", "warning", "info"):
+        facts.setdefault("severity", d["severity"])  # as the node judged it (a survived or likely one)
+    return assemble(rule, facts, ev, count=int(d.get("count") or 1),
+                    ranks=[r for r in d.get("ranks") or [] if isinstance(r, int)], likely=bool(d.get("likely")))
 
 
 def read_job(paths: list[str], rules: list[Rule], progress: Any = None) -> JobReader:

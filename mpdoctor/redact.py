@@ -241,7 +241,8 @@ def _names_a_key(name: str) -> bool:
     """`key`, `wandb_key`: a name too common in logs to be secret by itself, whose value
     is one when it has the shape of an API key (32 or more hex digits: W&B's is 40)."""
     words = _words(name.lstrip("-"))
-    return bool(words) and words[-1] == "key"
+    # `apikey`, `wandbkey`, a name glued to the text before it (`xkey`): its last word ends in key
+    return bool(words) and words[-1].endswith("key")
 
 
 def _redact_named(text: str, head: _Lazy, is_secret: Callable[[str], bool], bare: _Lazy) -> str:

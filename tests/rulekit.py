@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from mpdoctor.engine import rulecache
 from mpdoctor import rulebase
+from mpdoctor.engine import rulecache
 
 
 @pytest.fixture(autouse=True)

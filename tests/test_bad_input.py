@@ -13,8 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpdoctor import cli
-from mpdoctor import rulebase
+from mpdoctor import cli, rulebase
 from mpdoctor.logs import explain_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +52,8 @@ def test_a_real_binary_executable(capsys):
 
 
 def test_directory(tmp_path, capsys):
-    assert_clear_error(*explain_file(tmp_path, capsys), "is a folder, not a log file")
+    # a folder is read as a job's logs (issue 20); one with nothing to read says so
+    assert_clear_error(*explain_file(tmp_path, capsys), "no file to read in")
 
 
 def test_missing_file(tmp_path, capsys):

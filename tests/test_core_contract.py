@@ -165,10 +165,10 @@ def _same_words(f) -> None:
 def test_every_finding_of_every_face_rerenders_from_its_rule_and_facts():
     """No face edits a finding's words after its rule rendered them: each finding (log,
     env, run, probe; sharpened and likely ones included) is what its rule says on its facts."""
+    from mpdoctor.diagnosis.probe import probe_case
     from mpdoctor.diagnosis.run import events_case
     from mpdoctor.env.judge import snapshot_case
     from mpdoctor.logs import explain_path
-    from mpdoctor.diagnosis.probe import probe_case
 
     seen: set[str] = set()
     for path in sorted((ROOT / "fixtures" / "logs" / "real").glob("*.log")):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpdoctor.engine import rulecache
 from mpdoctor import rulebase
+from mpdoctor.engine import rulecache
 from mpdoctor.logs import explain_text
 from tests.rulekit import private_cache, rules_in, write_rule  # noqa: F401 (private_cache is an autouse fixture)
 

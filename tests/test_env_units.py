@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from mpdoctor.cli import main
-from mpdoctor.knowledge import compat
 from mpdoctor.env.accel_config import collect_accelerate_config, default_config_path, load_yaml
-from mpdoctor.env.plan import deepspeed_mode
 from mpdoctor.env.checks.config import _alloc_problems
+from mpdoctor.env.plan import deepspeed_mode
 from mpdoctor.env.redact import anonymize_snapshot, is_secret_name, redact_snapshot, redact_text
 from mpdoctor.env.view import parse_visible_devices
+from mpdoctor.knowledge import compat
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPS = ROOT / "fixtures" / "snapshots"

@@ -186,8 +186,8 @@ FOOTER = ["Recommendation: no: no mixed-precision mode beat fp32 on this machine
 
 
 def _probe_report() -> Report:
-    from mpdoctor.env.judge import judge
     from mpdoctor import rulebase
+    from mpdoctor.env.judge import judge
     from mpdoctor.env.snapshot import read_snapshot_file
 
     report = judge(read_snapshot_file(str(SNAPS / "dev-cpu-fp16.json")), rules=rulebase.load())

@@ -47,7 +47,9 @@ def start(describe_env: Callable[[], dict[str, Any]] | None = None) -> Any:
         patches.install_collectives(lambda where: sink.progress(w.step, where))
     atexit.register(_at_exit, w, describe_env)
     if os.environ.get("MPDOCTOR_JOB_DIR"):  # a job's shared folder: stacks and Flight Recorder on a hang
-        from . import hang; hang.install()  # noqa: E702
+        from . import hang
+
+        hang.install()
     return w
 
 

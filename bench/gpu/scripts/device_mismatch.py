@@ -2,9 +2,8 @@
 all tensors to be on the same device'. Expected: tensors-on-different-devices (or
 input-weight-device). On the CPU the submodule is left on the meta device instead."""
 import torch
-from torch import nn
-
 from _kit import DEVICE
+from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU()).to(DEVICE)

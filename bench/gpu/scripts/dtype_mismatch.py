@@ -1,9 +1,8 @@
 """One submodule cast to half, fed float32 without autocast: 'mat1 and mat2 must have
 the same dtype'. Expected: matmul-operands-dtype (or input-weight-dtype)."""
 import torch
-from torch import nn
-
 from _kit import DEVICE
+from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential()

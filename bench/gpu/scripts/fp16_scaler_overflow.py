@@ -2,9 +2,8 @@
 loss gradient overflows fp16 once scaled, so the scaler skips that step and halves the
 scale, then grows it back. Expected: scaler-skipping-steps. Exits 0."""
 import torch
-from torch import nn
-
 from _kit import DEVICE, SMALL
+from torch import nn
 
 torch.manual_seed(0)
 d = 64 if SMALL else 1024

@@ -8,9 +8,8 @@ import json
 import os
 
 import torch
-from torch import nn
-
 from _kit import DEVICE, OUT
+from torch import nn
 
 
 class Grow(nn.Module):

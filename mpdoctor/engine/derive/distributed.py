@@ -11,9 +11,9 @@ import math
 from collections import Counter
 from typing import Any
 
-from . import deriver
 from ...knowledge.signals import signal_name
 from ...knowledge.units import gib, parse_size
+from . import deriver
 
 # --- numbers as messages print them ----------------------------------------------
 

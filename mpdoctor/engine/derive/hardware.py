@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import deriver
 from ...knowledge.dtypes import dtype_name
 from ...knowledge.versions import cuda_int_to_str, major
+from . import deriver
 
 
 def _compat():

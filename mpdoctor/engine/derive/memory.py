@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import deriver
 from ...knowledge.units import GIB, gib, parse_size
+from . import deriver
 
 
 @deriver("oom", facts=("_alloc_conf_var", "_smi", "allocated_bytes", "fragmented", "free_bytes", "occurrences", "other_processes", "other_processes_bytes", "other_share", "process_in_use_bytes", "requested_bytes", "requested_share", "reserved", "reserved_bytes", "reserved_unallocated", "reserved_unallocated_bytes", "total_bytes"))

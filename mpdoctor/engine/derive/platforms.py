@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-
 # Marketing name -> gfx ISA (AMD's LLVM target table; the cards users paste most).
 _AMD_NAMES: tuple[tuple[str, str], ...] = (
     (r"rx\s?69[05]0|rx\s?6800", "gfx1030"),

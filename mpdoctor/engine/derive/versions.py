@@ -18,9 +18,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...knowledge.versions import (compare, cuda_int_to_str, cudnn_version, is_prerelease, major,
-                                   parse_message_requirement, release)
+from ...knowledge.versions import (
+    compare,
+    cuda_int_to_str,
+    cudnn_version,
+    is_prerelease,
+    major,
+    parse_message_requirement,
+    release,
+)
 from . import deriver
+
 
 def torch_build(text: str | None) -> dict[str, str]:
     """'2.1.2+cu121' -> torch_cuda '12.1'; '2.1.2+cpu' -> a CPU-only build."""

@@ -12,20 +12,15 @@ import os
 from typing import Any
 
 from ..engine.assemble import conclude
-from ..engine.judge import checks_in, judge_rules
+from ..engine.judge import checks_of, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding
 from ..probe import checks as probe_checks
 from ..probe.evidence import ProbeView, read_probe_evidence
 
-_CHECKS: dict[str, Any] | None = None
-
 
 def _checks() -> dict[str, Any]:
-    global _CHECKS
-    if _CHECKS is None:
-        _CHECKS = checks_in(probe_checks)
-    return _CHECKS
+    return checks_of(probe_checks)
 
 
 def tagged(f: Finding, mode: str) -> Finding:

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from ..engine.assemble import conclude
-from ..engine.judge import checks_in, judge_rules
+from ..engine.judge import checks_of, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding, Report, Unrecognised
 from ..redact import clip
@@ -30,14 +30,8 @@ from ..run import checks as run_checks
 from ..run.evidence import RunView, build_evidence, read_evidence
 
 _MODES = ("no", "fp16", "bf16", "fp8")
-_CHECKS: dict[str, Any] | None = None
-
-
 def _run_checks() -> dict[str, Any]:
-    global _CHECKS
-    if _CHECKS is None:
-        _CHECKS = checks_in(run_checks)
-    return _CHECKS
+    return checks_of(run_checks)
 
 
 def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Rule]) -> Report:

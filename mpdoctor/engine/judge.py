@@ -65,6 +65,17 @@ def checks_in(*modules: Any) -> dict[str, Callable[..., Result]]:
     return out
 
 
+_MADE: dict[tuple[str, ...], dict[str, Callable[..., Result]]] = {}
+
+
+def checks_of(*modules: Any) -> dict[str, Callable[..., Result]]:
+    """checks_in(*modules), made once per set of modules (each face's table of checks)."""
+    key = tuple(m.__name__ for m in modules)
+    if key not in _MADE:
+        _MADE[key] = checks_in(*modules)
+    return _MADE[key]
+
+
 class UnknownCheck(ValueError):
     """A rule names a check the face does not have."""
 

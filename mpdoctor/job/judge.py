@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.assemble import conclude
-from ..engine.judge import checks_in, judge_rules
+from ..engine.judge import checks_of, judge_rules
 from ..findings import Finding, Report, Unrecognised
 from . import checks as job_checks
 from .view import JobView
@@ -17,14 +17,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..engine.rule import Rule
 
-_CHECKS: dict[str, Any] | None = None
-
-
 def _checks() -> dict[str, Any]:
-    global _CHECKS
-    if _CHECKS is None:
-        _CHECKS = checks_in(job_checks)
-    return _CHECKS
+    return checks_of(job_checks)
 
 
 def judge_job(data: dict[str, Any], rules: list[Rule], log_findings: list[Finding] | None = None,

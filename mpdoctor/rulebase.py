@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .run.checks import MODULES as RUN_CHECK_MODULES  # a tuple of names; imports no check
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 CHECK_MODULES: dict[str, tuple[str, ...]] = {
     "env": ("mpdoctor.env.checks.precision", "mpdoctor.env.checks.driver", "mpdoctor.env.checks.libraries",
             "mpdoctor.env.checks.config", "mpdoctor.env.checks.memory", "mpdoctor.env.checks.machine"),
-    "run": ("mpdoctor.run.checks",),
+    "run": tuple(f"mpdoctor.run.checks.{m}" for m in RUN_CHECK_MODULES),
     "probe": ("mpdoctor.probe.checks",),
     "job": ("mpdoctor.job.checks",),
 }

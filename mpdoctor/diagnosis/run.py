@@ -26,12 +26,12 @@ from ..engine.judge import checks_of, judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding, Report, Unrecognised
 from ..redact import clip
-from ..run import checks as run_checks
+from ..run.checks import outcome, plan, recipe, values
 from ..run.evidence import RunView, build_evidence, read_evidence
 
 _MODES = ("no", "fp16", "bf16", "fp8")
 def _run_checks() -> dict[str, Any]:
-    return checks_of(run_checks)
+    return checks_of(values, plan, recipe, outcome)
 
 
 def diagnose(cmd: list[str], result: Any, records: list[Any], rules: list[Rule]) -> Report:
@@ -101,7 +101,7 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule], output: str = "",
     if view.signal:
         extra["signal"] = view.signal
     if view.multi_rank:
-        extra["ranks"] = _said_ranks(run_checks.rank_story(view), by_id.get("rank-summary"))
+        extra["ranks"] = _said_ranks(outcome.rank_story(view), by_id.get("rank-summary"))
     if view.plan:
         extra["precision_plan"] = view.plan
     report = Report(findings=findings, unrecognised=unrecognised, extra=extra)

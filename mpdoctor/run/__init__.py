@@ -12,7 +12,7 @@ The wrapper, one idea a module:
 - pump.py: the byte-for-byte copy of the child's output (and keystrokes);
 - tail.py: the bounded head and tail of the output kept for the diagnosis;
 - inject.py: the instrumentation's private folder and the child's environment.
-The diagnosis: evidence.py (the run's evidence), checks.py (the run rules' checks),
-diagnose.py (everything judged by the rule base). Nothing here imports torch, and this
+The diagnosis: evidence.py (the run's evidence), checks/ (the run rules' checks,
+one module per kind of question). Judged by the rule base in mpdoctor/diagnosis/run.py. Nothing here imports torch, and this
 file imports nothing, so that `mpdoctor run` loads only what it uses.
 """

@@ -12,7 +12,7 @@ fixtures under fixtures/events/ were recorded):
                     "exceptions": [...], "exit": {...} | null, "progress": {...} | null,
                     "internal_errors": [...]}]}
 
-Pure Python over JSON: no torch here. RunView is what run checks (run/checks.py) see.
+Pure Python over JSON: no torch here. RunView is what run checks (run/checks/) see.
 """
 
 from __future__ import annotations

@@ -40,6 +40,9 @@ def assemble(rule: Rule, facts: dict[str, Any], evidence: Iterable[Evidence] = (
     where its fixes go or None for none, a rule or a frame of rules/_frames.toml, its
     facts) of other rules' words that join this finding (a machine's facts under a log
     finding), each "first" or "last"."""
+    # the codes as handed in: a merge or a machine's facts re-render from them, so that a
+    # [words] table picks its words again with the facts a later sighting adds
+    coded = dict(facts)
     facts = apply_words(rule, dict(facts))
     severity = facts.pop("severity", None)
     if severity not in SEVERITIES:
@@ -90,7 +93,7 @@ def assemble(rule: Rule, facts: dict[str, Any], evidence: Iterable[Evidence] = (
         likely=likely,
         refinements=refinements,
     )
-    finding.all_facts = facts  # with the helpers: what a merge re-renders from
+    finding.all_facts = coded  # with the helpers, codes unsaid: what a merge re-renders from
     return finding
 
 

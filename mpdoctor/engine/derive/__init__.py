@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 Deriver = Callable[[dict[str, Any], list[dict[str, Any]]], "dict[str, Any] | None"]
-MODULES = ("distributed", "hardware", "memory", "tensors", "versions")
+MODULES = ("distributed", "fit", "hardware", "memory", "tensors", "versions")
 
 
 @dataclass(frozen=True)

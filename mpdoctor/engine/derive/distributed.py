@@ -14,6 +14,7 @@ from typing import Any
 from ...knowledge.signals import signal_name
 from ...knowledge.units import gib, parse_size
 from . import deriver
+from .fit import FIT_FACTS, fit
 
 # --- numbers as messages print them ----------------------------------------------
 
@@ -101,7 +102,7 @@ def loss_scale_trend(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[
 HUGE_HOST_REQUEST = 64 * 1024**3
 
 
-@deriver("alloc_bytes", facts=("huge_request", "requested", "requested_bytes"))
+@deriver("alloc_bytes", facts=("huge_request", "requested", "requested_bytes") + FIT_FACTS)
 def alloc_bytes(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """'you tried to allocate 132426121216 bytes' -> requested = '123.33 GiB'.
 
@@ -125,6 +126,7 @@ def alloc_bytes(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
             out["huge_request"] = gib(n)
     if len(hits) > 1:
         out["occurrences"] = len(hits)
+    out.update(fit(facts))
     return out
 
 
@@ -184,7 +186,7 @@ _MEANING = {
 }
 
 
-@deriver("exit_status", facts=("exit_meaning", "signal", "signal_meaning"))
+@deriver("exit_status", facts=("exit_meaning", "signal", "signal_meaning") + FIT_FACTS)
 def exit_status(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """exitcode -9 / return code 137 / '<Signals.SIGKILL: 9>' -> signal = SIGKILL."""
     out: dict[str, Any] = {}
@@ -224,6 +226,7 @@ def exit_status(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
                                "that rank, is the error to read")
     elif code is not None and str(code).strip() not in ("0", ""):
         out["exit_meaning"] = "the worker called exit() with this status or died in native code"
+    out.update(fit(facts))
     return out
 
 

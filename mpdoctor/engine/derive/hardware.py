@@ -17,6 +17,7 @@ from typing import Any
 from ...knowledge.dtypes import dtype_name
 from ...knowledge.versions import cuda_int_to_str, major
 from . import deriver
+from .fit import FIT_FACTS, fit
 
 
 def _compat():
@@ -146,7 +147,7 @@ def gpu_fp8(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
     return gpu_facts(facts, "fp8")
 
 
-@deriver("gpu_flash", facts=("_cc_source", "arch", "bf16_on_old_gpu", "blackwell_gpu", "cc", "dtype", "fa2_capable_gpu", "full_precision", "gpu_desc", "no_fa2_gpu", "pre_turing_gpu", "sm"))
+@deriver("gpu_flash", facts=("_cc_source", "arch", "bf16_on_old_gpu", "blackwell_gpu", "cc", "dtype", "fa2_capable_gpu", "full_precision", "gpu_desc", "no_fa2_gpu", "pre_turing_gpu", "sm") + FIT_FACTS)
 def gpu_flash(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out = gpu_facts(facts, "flash")
     dtype = dtype_name(facts.get("dtype_raw"))
@@ -156,6 +157,7 @@ def gpu_flash(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
             out["full_precision"] = dtype
         elif dtype == "bfloat16" and "no_fa2_gpu" in out:
             out["bf16_on_old_gpu"] = out["no_fa2_gpu"]
+    out.update(fit(facts))
     return out
 
 
@@ -415,7 +417,7 @@ def device_kind(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
     return out
 
 
-@deriver("half_op", facts=("_on_cpu", "_on_cuda", "_on_mps", "cpu_half", "device", "dtype", "ops"))
+@deriver("half_op", facts=("_on_cpu", "_on_cuda", "_on_mps", "cpu_half", "device", "dtype", "ops") + FIT_FACTS)
 def half_op(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     dtype = dtype_name(facts.get("dtype_raw"))
@@ -443,4 +445,5 @@ def half_op(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
                 ops.append(o)
         if len(ops) > 1:
             out["ops"] = ", ".join(ops)
+    out.update(fit(facts, device))
     return out

@@ -6,9 +6,10 @@ from typing import Any
 
 from ...knowledge.units import GIB, gib, parse_size
 from . import deriver
+from .fit import FIT_FACTS, OOM_SITE_FACTS, fit, oom_site
 
 
-@deriver("oom", facts=("_alloc_conf_var", "_smi", "allocated_bytes", "fragmented", "free_bytes", "occurrences", "other_processes", "other_processes_bytes", "other_share", "process_in_use_bytes", "requested_bytes", "requested_share", "reserved", "reserved_bytes", "reserved_unallocated", "reserved_unallocated_bytes", "total_bytes"))
+@deriver("oom", facts=("_alloc_conf_var", "_smi", "allocated_bytes", "fragmented", "free_bytes", "occurrences", "other_processes", "other_processes_bytes", "other_share", "process_in_use_bytes", "requested_bytes", "requested_share", "reserved", "reserved_bytes", "reserved_unallocated", "reserved_unallocated_bytes", "total_bytes") + FIT_FACTS + OOM_SITE_FACTS)
 def oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sizes = {}
@@ -48,4 +49,6 @@ def oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     hip = bool(facts.get("_hip") or any(h.get("_hip") for h in hits))
     out["_alloc_conf_var"] = "PYTORCH_HIP_ALLOC_CONF" if hip else "PYTORCH_CUDA_ALLOC_CONF"
     out["_smi"] = "rocm-smi" if hip else "nvidia-smi"
+    out.update(oom_site(facts))
+    out.update(fit(facts))
     return out

@@ -22,6 +22,7 @@ from typing import Any
 
 from ...knowledge.dtypes import dtype_name, tensor_type
 from . import deriver
+from .fit import FIT_FACTS, fit
 
 HALF_DTYPES = ("float16", "bfloat16")
 WIDE_DTYPES = ("float32", "float64")
@@ -185,7 +186,7 @@ _SINGULAR_GRADS: dict[str, str] = {
 }
 
 
-@deriver("nonfinite", facts=("forward_op", "occurrences", "op_hint", "values_seen"))
+@deriver("nonfinite", facts=("forward_op", "occurrences", "op_hint", "values_seen") + FIT_FACTS)
 def nonfinite(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     fn = facts.get("function")
@@ -202,4 +203,5 @@ def nonfinite(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
         values = list(dict.fromkeys(str(h.get("value")) for h in hits if h.get("value")))
         if len(values) > 1:
             out["values_seen"] = ", ".join(values)
+    out.update(fit(facts))
     return out

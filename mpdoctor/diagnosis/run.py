@@ -27,7 +27,7 @@ from ..engine.rule import Rule
 from ..findings import Finding, Report, Unrecognised
 from ..redact import clip
 from ..run.checks import outcome, plan, recipe, values
-from ..run.evidence import RunView, build_evidence, read_evidence
+from ..run.evidence import RunView, build_evidence, origin_facts, read_evidence
 
 _MODES = ("no", "fp16", "bf16", "fp8")
 def _run_checks() -> dict[str, Any]:
@@ -65,7 +65,7 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule], output: str = "",
     unrecognised: list[Unrecognised] = []
 
     if output.strip():
-        explained = _explain_output(output, rules)
+        explained = _explain_output(output, rules, _case_facts(view))
         findings += explained.findings
         unrecognised += explained.unrecognised
 
@@ -115,12 +115,32 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule], output: str = "",
 WHOLE_OUTPUT = 256 * 1024
 
 
-def _explain_output(output: str, rules: list[Rule]) -> Report:
+def _case_facts(view: RunView) -> dict[str, Any]:
+    """What makes a log rule's fix fit this run (engine/derive/fit.py reads them): the
+    device type it trained on, the transformers it had installed. Helpers (`_`): never
+    in a finding's JSON."""
+    p = view.main
+    if p is None:
+        return {}
+    out: dict[str, Any] = {}
+    device = str((p.plan or {}).get("device") or "").split(":")[0]
+    torch_env = (p.env or {}).get("torch") or {}
+    if not device and torch_env.get("cuda_available") is False and not (torch_env.get("mps") or {}).get("available"):
+        device = "cpu"
+    if device:
+        out["_run_device"] = device
+    version = (((p.env or {}).get("packages") or {}).get("versions") or {}).get("transformers")
+    if version:
+        out["_run_transformers"] = str(version)
+    return out
+
+
+def _explain_output(output: str, rules: list[Rule], case: dict[str, Any] | None = None) -> Report:
     from ..logs import explain_lines, explain_text, looks_binary, prefilter_for
     from ..logs.regions import RegionScanner
 
     if len(output) <= WHOLE_OUTPUT:
-        return explain_text(output, rules)
+        return explain_text(output, rules, case)
     if looks_binary(output[-65536:].encode("utf-8", "replace")):
         return Report(findings=[])  # it ends in data (`tar c . | ...`), not in a log to explain
     from ..logtext import normalise
@@ -130,7 +150,7 @@ def _explain_output(output: str, rules: list[Rule]) -> Report:
     lines = []
     for first_no, region in scanner.finish():
         lines.extend(normalise(region.decode("utf-8", "replace"), first_no))
-    return explain_lines(lines, rules)
+    return explain_lines(lines, rules, case)
 
 
 def _said_ranks(story: list[dict[str, Any]], rule: Rule | None) -> list[dict[str, Any]]:
@@ -179,7 +199,7 @@ def _exception_findings(view: RunView, rules: list[Rule]) -> tuple[list[Finding]
             if key in seen:
                 continue
             seen.add(key)
-            context = _context_facts(exc)
+            context = {**_case_facts(view), **_context_facts(exc)}
             report = explain_text(text, rules, extra_facts=context)
             for f in report.findings:
                 f.evidence.append(_context_evidence(exc, p.path))
@@ -208,6 +228,7 @@ def _context_facts(exc: dict[str, Any]) -> dict[str, Any]:
              "param_dtypes": params or None, "input_dtypes": inputs or None,
              "autocast": autocast if exc.get("module") else None, "memory_context": memory or None,
              "batch_shape": str(tuple(ctx["batch_shape"])) if ctx.get("batch_shape") else None}
+    facts.update(origin_facts(exc))  # the odd tensor and what made it (instrument/origin.py)
     return {k: v for k, v in facts.items() if v is not None}
 
 

@@ -5,12 +5,13 @@ Each is a code or a flag, never words: the rules say them through `[words.FACT]`
 and `{flag:.0}` sentences. Read from the facts a rule already has:
 
 - the device: what a run recorded around the exception (`param_dtypes` "2× float16@cpu",
-  `input_dtypes` "float32 cpu (8, 16)", `memory_context` "device cuda:0: ..."), or the
+  `input_dtypes` "float32 cpu (8, 16)", `memory_context` "device cuda:0: ..."), the
+  device the run trained on (`_run_device`, diagnosis/run.py's case facts), or the
   log's own words, read by context patterns the rules share word for word: a device said
   (`_dev_said`: "device: cpu", `device='cuda:0'`), this process having no GPU
   (`_dev_no_gpu`: torch's "CUDA is not available", Lightning's "GPU available: False",
   a CPU kernel's name);
-- transformers: a version the log or the run names (`_tf_version`, `transformers_version`)
+- transformers: the version a run had installed (`_run_transformers`) or the log names (`_tf_version`)
   or its own deprecation warning for `torch_dtype` (`_tf_dep`): transformers 4.56
   renamed from_pretrained's `torch_dtype` to `dtype` (huggingface/transformers#39782;
   5.x still accepts `torch_dtype` with "`torch_dtype` is deprecated! Use `dtype`
@@ -55,7 +56,7 @@ def run_device(facts: dict[str, Any]) -> str | None:
 def device_type(facts: dict[str, Any]) -> str | None:
     """The device type this case ran on: the run's record first, then the log's words
     (a device said as MPS, then no GPU at all, then any device said)."""
-    d = run_device(facts) or str(facts.get("observed_device_type") or "").lower() or None
+    d = run_device(facts) or str(facts.get("_run_device") or "").lower() or None
     if d in _DEVICES:
         return d
     said = str(facts.get("_dev_said") or "").lower()
@@ -67,7 +68,7 @@ def device_type(facts: dict[str, Any]) -> str | None:
 
 
 def transformers_version(facts: dict[str, Any]) -> tuple[int, int] | None:
-    for key in ("transformers_version", "_tf_version"):
+    for key in ("_run_transformers", "_tf_version"):
         m = _VERSION.search(str(facts.get(key) or ""))
         if m:
             return int(m.group(1)), int(m.group(2))

@@ -28,6 +28,9 @@ EXPECTED = {
     "rtx4090-fp8-cu118": {"fp8-no-backend"},
     "a100-fp8": {"fp8-below-sm89"},
     "cpu-laptop-fp16": {"fp16-silently-fp32-on-cpu"},
+    # issue 19 item 3: fp8 on a CPU (the fix names bf16, never fp16); a MULTI_GPU config without CUDA
+    "cpu-fp8": {"fp8-below-sm89"},
+    "cpu-multi-gpu-config": {"multi-gpu-config-no-cuda"},
     "dev-cpu-fp16": {"fp16-silently-fp32-on-cpu"},
     "apple-m1-mps-fp16": {"mps-precision-refused"},
     "rocm-mi250-bf16": set(),

@@ -30,13 +30,37 @@ def tagged(f: Finding, mode: str) -> Finding:
     return f
 
 
-def judge_failed_mode(mode: str, stderr: str, rules: list[Rule]) -> tuple[list[Finding], list[str]]:
+def judge_failed_mode(mode: str, stderr: str, rules: list[Rule],
+                      env: dict[str, Any] | None = None) -> tuple[list[Finding], list[str]]:
+    """A mode whose child failed: its stderr by the log rules and, where the environment
+    another mode's child ran in is known (`env`, the same machine), the precision rules
+    of the environment asked for this mode: the same plan `check` judges, so fp8 on a CPU
+    is "no GPU" here as there, not "install an fp8 backend"."""
     if not stderr.strip():
         return [], []
     from ..logs import explain_text
 
     report = explain_text(stderr, rules, extra_facts={"mode": mode})
-    return [_as_trial(tagged(f, mode)) for f in report.findings], [u.exception for u in report.unrecognised]
+    findings = list(report.findings) + _env_precision_findings(mode, env, rules)
+    by_id = {r.id: r for r in rules}
+    findings = conclude(findings, by_id, same_sighting=True)
+    return [_as_trial(tagged(f, mode)) for f in findings], [u.exception for u in report.unrecognised]
+
+
+def _env_precision_findings(mode: str, env: dict[str, Any] | None, rules: list[Rule]) -> list[Finding]:
+    """The env rules of the precision categories over `env`, judged for `mode`."""
+    if not env or mode not in ("fp16", "bf16", "fp8"):
+        return []
+    from ..env import SnapshotError, load_snapshot_data
+    from ..env.judge import PRECISION_CATEGORIES, judge
+
+    try:
+        snapshot = load_snapshot_data({"schema": 1, **env}, live=True)
+    except SnapshotError:
+        return []
+    report = judge(snapshot, mixed_precision=mode, rules=rules, source=f"probe.{mode}.env",
+                   requested_from=f"the probe's {mode} mode")
+    return [f for f in report.findings if f.category in PRECISION_CATEGORIES]
 
 
 def judge_mode(evidence: dict[str, Any], rules: list[Rule], stderr: str = "") -> list[Finding]:
@@ -95,11 +119,15 @@ class ModeJudge:
 
     def __init__(self, rules: list[Rule]) -> None:
         self.rules = rules
+        self.env: dict[str, Any] | None = None  # the environment a mode's child ran in (this machine)
 
     def failed(self, mode: str, stderr: str) -> tuple[list[Finding], list[str]]:
-        return judge_failed_mode(mode, stderr, self.rules)
+        return judge_failed_mode(mode, stderr, self.rules, self.env)
 
     def mode(self, evidence: dict[str, Any], stderr: str = "") -> list[Finding]:
+        if self.env is None:
+            env = (evidence.get("result") or {}).get("env")
+            self.env = env if isinstance(env, dict) and env else None
         return judge_mode(evidence, self.rules, stderr)
 
     def save(self, evidence: dict[str, Any]) -> None:

@@ -83,11 +83,16 @@ def sharpen_finding(f: Finding, view_for: Any, rules: list[Rule], by_id: dict[st
     evidence = list(f.evidence)
     machine = list(f.facts.get("machine_findings") or [])
     machine_error = False
+    # a machine finding whose rule supersedes the log's (fp8 on a machine without fp8
+    # hardware over "install an fp8 backend"): its fixes replace the log rule's own
+    replaced = False
     seen_ev = [e.to_dict() for e in evidence]
     for e in env_report.findings:
         if e.category not in related or (e.severity == "info" and f.category != "driver-too-old"):
             continue
         machine_error = machine_error or e.severity == "error"
+        env_rule = by_id.get(e.rule)
+        replaced = replaced or bool(env_rule is not None and f.rule in (env_rule.supersedes or ()))
         # the machine's own cause comes first among the fixes
         refinements.append(("last", "first" if e.severity == "error" else "last", "on_this_machine",
                             {"title": e.title, "fix": e.fixes[0] if e.fixes else None}))
@@ -120,6 +125,9 @@ def sharpen_finding(f: Finding, view_for: Any, rules: list[Rule], by_id: dict[st
     if machine:
         facts["machine_findings"] = machine
     fresh = assemble(own, facts, evidence, count=f.count, ranks=f.ranks, likely=f.likely, refinements=refinements)
+    if replaced:
+        mine = set(assemble(own, facts, evidence, count=f.count, ranks=f.ranks, likely=f.likely).fixes)
+        fresh.fixes = [x for x in fresh.fixes if x not in mine] or fresh.fixes
     f.title, f.explanation, f.fixes = fresh.title, fresh.explanation, fresh.fixes
     f.evidence, f.refinements = fresh.evidence, fresh.refinements
     f.facts = {**f.facts, **{k: v for k, v in fresh.facts.items() if k not in f.facts}}

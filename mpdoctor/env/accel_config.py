@@ -18,6 +18,8 @@ import json
 import os
 from typing import Any
 
+from ..knowledge import intent
+
 ENV_PREFIXES = ("ACCELERATE_", "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "NVIDIA_", "CUDNN_", "HIP_",
                 "ROCR_", "HSA_", "HF_", "FSDP_", "DS_", "MASTER_", "XLA_", "WORLD_SIZE", "LOCAL_RANK",
                 "RANK", "OMP_NUM_THREADS", "LD_LIBRARY_PATH", "XDG_CACHE_HOME")
@@ -25,10 +27,9 @@ ENV_PREFIXES = ("ACCELERATE_", "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "NVIDIA_"
 
 def default_config_path(env: dict[str, str] | None = None) -> str:
     """$HF_HOME/accelerate/default_config.yaml, HF_HOME defaulting to
-    $XDG_CACHE_HOME/huggingface (~/.cache/huggingface): accelerate's own rule."""
-    env = os.environ if env is None else env
-    hf_home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
-    return os.path.join(os.path.expanduser(hf_home), "accelerate", "default_config.yaml")
+    $XDG_CACHE_HOME/huggingface (~/.cache/huggingface): accelerate's own rule (one
+    source: knowledge.intent, which the run side uses too)."""
+    return intent.default_config_path(env)
 
 
 def collect_env_vars(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -170,11 +170,15 @@ def _plan_lines(view: EnvView) -> list[str]:
         lines.append("requested: nothing (no --mixed-precision, no accelerate config, no ACCELERATE_MIXED_PRECISION): "
                      "every mode judged")
     if view.config_section.get("exists") or view.env.get("ACCELERATE_MIXED_PRECISION"):
-        def said(mode: str | None) -> str:
-            return "fp32 (mixed_precision no)" if mode in (None, "no") else mode
+        def said(mode: str | None, runs: str | None) -> str:
+            if mode in (None, "no"):
+                return "fp32 (mixed_precision no)"
+            if runs in (None, mode):
+                return mode
+            return f"nothing ({mode} cannot run here)" if runs == "cannot run" else f"{runs} here (it asks for {mode})"
 
-        lines.append(f"`accelerate launch` trains in {said(plan.under_launch)}; "
-                     f"`python train.py` with Accelerator() trains in {said(plan.under_python)}")
+        lines.append(f"`accelerate launch` trains in {said(plan.under_launch, plan.launch_runs_as)}; "
+                     f"`python train.py` with Accelerator() trains in {said(plan.under_python, plan.python_runs_as)}")
     for d in plan.disagreements:
         lines.append(f"disagreement: {d.first} = {d.first_value} vs {d.second} = {d.second_value}: {d.consequence}")
     return lines

@@ -62,6 +62,9 @@ class PrecisionPlan:
     fsdp: bool = False
     effective: str | None = None
     effective_reason: str = ""
+    # what each way of starting the script really trains in on this machine (what_runs)
+    launch_runs_as: str | None = None
+    python_runs_as: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,7 +193,45 @@ def build_plan(view: Any, argument: str | None = None, argument_from: str = "--m
     refused = next((d for d in disagreements if d.winner == "none"), None)
     if refused:
         plan.effective, plan.effective_reason = None, refused.consequence
+    plan.launch_runs_as = _runs_as(under_launch, view)
+    plan.python_runs_as = _runs_as(under_python, view)
     return plan
+
+
+def _runs_as(mode: str | None, view: Any) -> str | None:
+    """What `mode` trains in here, as the plan line says it: fp32 for no mixed precision,
+    "cannot run" where the mode does not run at all, the mode itself where the device is
+    not known."""
+    if mode in (None, "no"):
+        return "fp32"
+    ran, _ = what_runs(mode, view)
+    if ran is None and (view.torch_ok or view.use_cpu):
+        return "cannot run"
+    return ran or mode
+
+
+def runs_here(mode: str, view: Any) -> bool | None:
+    """Whether `mode` trains in that precision on this machine (fp16 on a CPU: no, it is
+    fp32; fp8 without fp8 hardware: no). None where the device cannot be judged."""
+    if not view.torch_ok and not view.use_cpu:
+        return None
+    ran, _ = what_runs(mode, view)
+    return ran is not None and ran.split(" ")[0] == mode
+
+
+def advisable_mode(view: Any) -> str | None:
+    """The 16-bit mode to advise on this machine, the one every face names: bf16 where it
+    runs natively (Ampere and newer, a CPU, MPS on macOS 14+, ROCm), else fp16 where it
+    runs, else none (None: nothing runs, or the device is not known)."""
+    gpus = view.cuda_gpus
+    low = min((g.cc for g in gpus if g.cc), default=None) if view.device == "cuda" and not view.rocm else None
+    order = ("fp16", "bf16") if low is not None and low < (8, 0) else ("bf16", "fp16")
+    for mode in order:
+        if runs_here(mode, view):
+            ran, _ = what_runs(mode, view)
+            if ran == mode:
+                return mode
+    return None
 
 
 def what_runs(mode: str | None, view: Any) -> tuple[str | None, str]:

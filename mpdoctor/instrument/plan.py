@@ -9,12 +9,14 @@ not what the training ran in) and fills a PrecisionPlan from it.
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from ..knowledge import intent
 from ..knowledge.dtypes import dtype_name
 from . import context
 from .records import PrecisionPlan
@@ -182,10 +184,16 @@ class PlanTracker:
 
     # ---- accelerate ---------------------------------------------------------------------
     def add_accelerator(self, acc: Any) -> bool:
-        """Returns whether `acc` is new."""
-        if acc in self.accelerators:
+        """Returns whether `acc` is new. The first one: every source that asked it for a
+        precision (the plan's `sources`)."""
+        if any(a is acc for a in self.accelerators):
             return False
         self.accelerators.append(acc)
+        if len(self.accelerators) == 1:
+            try:
+                self.plan.sources = intent_sources(acc)
+            except Exception:  # what asked is a nicety: never in the training's way
+                pass
         return True
 
     def on_prepare(self, objs: tuple) -> None:
@@ -228,3 +236,67 @@ class PlanTracker:
                     self.plan.distributed_type = f"torch.distributed ({dist.get_backend()})"
             except Exception:
                 pass
+
+
+# ---- precision intent ---------------------------------------------------------------------
+
+def intent_sources(acc: Any) -> list[dict[str, Any]]:
+    """Where the precision of Accelerator `acc` was asked for: the `accelerate launch`
+    that started this process (its flag, its config file), ACCELERATE_MIXED_PRECISION,
+    and the code's own argument (an `Accelerator(mixed_precision=...)` line, or the
+    Trainer's TrainingArguments). Called from inside Accelerator.__init__'s tap."""
+    sources = intent.launch_sources(_parent_argv())
+    if not sources and os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        # under accelerate launch the variable is the launcher's (its flag or config):
+        # said once, as those
+        sources.append({"source": intent.ENV, "value": os.environ["ACCELERATE_MIXED_PRECISION"].strip(),
+                        "where": None})
+    code = _code_argument(acc)
+    if code:
+        sources.append(code)
+    return sources
+
+
+def _parent_argv() -> list[str]:
+    """The command line of the process that started this one (Linux), else []."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+            raw = fh.read(64 * 1024)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def _code_argument(acc: Any) -> dict[str, Any] | None:
+    """The mixed_precision the code handed Accelerator(...) `acc`, found in the frame of
+    the __init__ tap (its `args`/`kwargs`); who called it decides the source."""
+    frame = sys._getframe(1)
+    for _ in range(40):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "__init__":
+            loc = frame.f_locals
+            if loc.get("self") is acc and isinstance(loc.get("kwargs"), dict) and isinstance(loc.get("args"), tuple):
+                break
+        frame = frame.f_back
+    else:
+        return None
+    args, kwargs = loc["args"], loc["kwargs"]
+    value = kwargs.get("mixed_precision", args[2] if len(args) > 2 else None)
+    caller = frame.f_back
+    while caller is not None and caller.f_code.co_name == "__init__" and caller.f_locals.get("self") is acc:
+        caller = caller.f_back  # a subclass of Accelerator calling super().__init__
+    if caller is None:
+        return None
+    filename = caller.f_code.co_filename.replace("\\", "/")
+    where = f"{filename}:{caller.f_lineno}"
+    if "/transformers/" in filename:
+        targs = getattr(caller.f_locals.get("self"), "args", None)
+        if getattr(targs, "fp16", False):
+            return {"source": intent.TRAINER_ARGS, "value": "fp16", "where": None}
+        if getattr(targs, "bf16", False):
+            return {"source": intent.TRAINER_ARGS, "value": "bf16", "where": None}
+        return None  # the Trainer passed on what the environment said
+    if value is None or "/accelerate/" in filename or "/lightning/" in filename:
+        return None
+    return {"source": intent.ACCELERATOR_ARG, "value": str(getattr(value, "value", value)), "where": where}

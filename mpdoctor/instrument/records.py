@@ -121,6 +121,8 @@ class PrecisionPlan:
     # pure low-precision training: fraction of sampled weights an optimizer step left equal
     unchanged_fraction: float | None = None
     unchanged_sampled: int | None = None
+    # every place that asked for a precision (knowledge.intent's codes): {"source", "value", "where"}
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

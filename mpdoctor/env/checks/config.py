@@ -11,7 +11,7 @@ from ...knowledge import compat
 from ...knowledge.versions import satisfies
 from ..plan import MODES, uses_deepspeed
 from ..view import EnvView, parse_visible_devices
-from ._common import no_nvml
+from ._common import need_torch, no_nvml
 
 
 @check(facts=("outcome", "source", "under", "value", "meant"))
@@ -141,6 +141,36 @@ def num_processes_exceeds_gpus(v: EnvView) -> Result:
                  "cvd": v.env.get("CUDA_VISIBLE_DEVICES")},
                 [("accelerate_config.config.num_processes", n),
                  ("torch.device_count" if v.cuda_available else "nvml.gpus", visible)])]
+
+
+@check(facts=("distributed_type", "num_processes", "why_cpu"))
+def multi_gpu_without_cuda(v: EnvView) -> Result:
+    """A config that starts several GPU processes on a machine where torch has no CUDA
+    device: accelerate falls back to one CPU process each, and they never join (what a
+    run shows as processes-did-not-join), judged here from the config and the machine."""
+    cfg = v.config
+    if cfg is None:
+        return _no_config(v)
+    dist = _distributed(cfg)
+    if dist != "MULTI_GPU" or v.use_cpu:
+        return []
+    if (no_torch := need_torch(v)):
+        return no_torch
+    try:
+        per_machine = int(cfg.get("num_processes") or 1) // _machines(cfg)
+    except (TypeError, ValueError, OverflowError):
+        return []
+    if per_machine <= 1 or v.device != "cpu":
+        return []
+    if not v.cuda_build and not v.hip_build:
+        why = "cpu_only_build"
+        ev = ("torch.cuda_build", None)
+    else:
+        why = "cuda_unavailable"
+        ev = ("torch.cuda_available", False)
+    return [Hit({"distributed_type": dist, "num_processes": cfg.get("num_processes"), "why_cpu": why},
+                [("accelerate_config.config.distributed_type", dist),
+                 ("accelerate_config.config.num_processes", cfg.get("num_processes")), ev])]
 
 
 @check(facts=("num_processes", "visible"))

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...engine.judge import Hit, Result, Skip, check
 from ...knowledge import compat
-from ..plan import fp8_matrix
+from ..plan import advisable_mode, fp8_matrix
 from ..view import EnvView
 from ._common import gpu_facts, need_torch
 
@@ -123,17 +123,21 @@ def fp16_slower_than_fp32(v: EnvView) -> Result:
     return hits
 
 
-@check(facts=("arch", "capability", "device", "fallback", "gpu", "gpu_index", "gpu_name", "memory",
-              "sm", "what"))
+@check(facts=("alternative", "arch", "capability", "device", "fallback", "gpu", "gpu_index", "gpu_name",
+              "memory", "sm", "what", "_no_gpu"))
 def fp8_unsupported_hardware(v: EnvView) -> Result:
     if (early := _not_judged(v, "fp8")) is not None:
         return early
+    # the mode to use instead: the one the plan says runs here (never fp16 on a CPU)
+    alternative = advisable_mode(v)
     if v.rocm:
         bad = [g for g in v.gpus if not (compat.rocm_target(g.gcn_arch) or {}).get("fp8")]
-        return [Hit({"gpu": g.label, "what": f"{g.label} has no fp8 matrix cores (MI300/gfx942 and MI350/gfx950 do)"},
+        return [Hit({"gpu": g.label, "what": f"{g.label} has no fp8 matrix cores (MI300/gfx942 and MI350/gfx950 do)",
+                     "alternative": alternative},
                     [(g.cc_path.replace("capability", "gcn_arch"), g.gcn_arch)]) for g in bad]
     if v.device != "cuda":
-        return [Hit({"what": "no GPU is in use (fp8 runs only on a GPU)", "device": v.device},
+        return [Hit({"what": "no GPU is in use (fp8 runs only on a GPU)", "device": v.device,
+                     "alternative": alternative, "_no_gpu": "yes"},
                     [("accelerate_config.config.use_cpu", True) if v.use_cpu else
                      ("torch.cuda_available", v.torch.get("cuda_available"))])]
     hits = []
@@ -142,6 +146,7 @@ def fp8_unsupported_hardware(v: EnvView) -> Result:
             facts = gpu_facts(g)
             facts["what"] = f"{g.label} is compute capability {g.cc_text}, below 8.9"
             facts["fallback"] = "fp16"
+            facts["alternative"] = alternative
             hits.append(Hit(facts, [(g.cc_path, g.cc_text)]))
     return hits
 

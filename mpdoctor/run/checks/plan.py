@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...engine.judge import Hit, Result, Skip, check
+from ...knowledge import intent
 from ..evidence import RunView
 
 
@@ -68,8 +69,69 @@ def processes_did_not_join(v: RunView) -> Result:
                  for q in alone[:4]])]
 
 
+_FP32 = {"no": "fp32"}
+
+
+def _trained_in(value: str | None, device: str | None) -> str | None:
+    """What a requested mode trains in on the run's device, as a mode name (fp32 for
+    none); "none": it cannot run there."""
+    ran = intent.runs_as(value, device)
+    return _FP32.get(ran or "", ran)
+
+
+def _overrides(v: RunView, losers: tuple[str, ...], winners: tuple[str, ...]) -> Result:
+    """The first source of kind `losers` whose precision a source of kind `winners` (the
+    one accelerate took) replaced, where that changes what trains on the run's device."""
+    plan = v.plan
+    sources = [s for s in (plan.get("sources") or []) if isinstance(s, dict) and s.get("value")]
+    kinds = [s["source"] for s in sources]
+    won = intent.winner(sources)
+    if won not in winners:
+        return []
+    winner = next(s for s in sources if s["source"] == won)
+    device = plan.get("device")
+    trained = _trained_in(winner["value"], device)
+    for kind in losers:
+        if kind not in kinds or kind == won:
+            continue
+        lost = next(s for s in sources if s["source"] == kind)
+        asked = _trained_in(lost["value"], device)
+        if intent.mode(lost["value"]) == intent.mode(winner["value"]) or asked == trained:
+            continue
+        return [Hit({"overridden": kind, "overridden_value": intent.mode(lost["value"]),
+                     "overridden_where": lost.get("where"), "winner": won,
+                     "winner_value": intent.mode(winner["value"]), "winner_where": winner.get("where"),
+                     "trained": trained, "asked": asked, "ran": plan.get("autocast_dtype"), "device": device,
+                     "_code_arg": "yes" if won == intent.ACCELERATOR_ARG else None,
+                     "_trainer": "yes" if won == intent.TRAINER_ARGS else None},
+                    [("plan.sources", "; ".join(f"{s['source']}={s['value']}" + (f" ({s['where']})" if s.get("where")
+                                                                                   else "") for s in sources)),
+                     ("plan.requested", plan.get("requested"))]
+                    + ([("plan.autocast_dtype", f"{plan['autocast_dtype']} (first matmul: "
+                                                f"{plan.get('autocast_module')})")] if plan.get("autocast_dtype") else []))]
+    return []
+
+
+_INTENT_FACTS = ("overridden", "overridden_value", "overridden_where", "winner", "winner_value", "winner_where",
+                 "trained", "asked", "ran", "device", "_code_arg", "_trainer")
+
+
+@check(facts=_INTENT_FACTS)
+def intent_code_overrides(v: RunView) -> Result:
+    """The code's own precision (an Accelerator argument, TrainingArguments) replaced
+    what the launcher, its config file or the environment asked for."""
+    return _overrides(v, intent.OUTER, intent.CODE)
+
+
+@check(facts=_INTENT_FACTS)
+def intent_flag_overrides_config(v: RunView) -> Result:
+    """`accelerate launch --mixed_precision X` replaced the config file's value."""
+    return _overrides(v, (intent.CONFIG_FILE,), (intent.LAUNCH_FLAG,))
+
+
+_SOURCE_FACTS = ("intent", "intent_value", "intent_where", "intent_won")
 _PLAN_FACTS = ("requested", "autocast_dtype", "under_autocast", "trainable", "frozen", "scaler", "master",
-               "distributed_type", "num_processes")
+               "distributed_type", "num_processes", "sources") + _SOURCE_FACTS
 
 
 @check(facts=_PLAN_FACTS)
@@ -90,6 +152,12 @@ def precision_plan(v: RunView) -> Result:
         "distributed_type": plan.get("distributed_type"),
         "num_processes": plan.get("num_processes"),
     }
+    sources = [s for s in (plan.get("sources") or []) if isinstance(s, dict) and s.get("value")]
+    if sources:
+        won = intent.winner(sources)
+        facts["sources"] = [{"intent": s.get("source"), "intent_value": intent.mode(s.get("value")),
+                             "intent_where": s.get("where"), "intent_won": "yes" if s.get("source") == won else None}
+                            for s in sources]
     return [Hit(facts, [("plan." + k, plan.get(k)) for k in ("requested", "autocast_dtype", "autocast_enabled",
                                                             "grad_scaler_enabled", "fp32_master_weights")
                         if plan.get(k) is not None])]

@@ -137,9 +137,9 @@ def gpu(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     return gpu_facts(facts)
 
 
-@deriver("gpu_bf16", facts=("_cc_source", "_fp16_advice", "arch", "bf16_capable_gpu", "cc", "gpu_desc", "no_bf16_gpu", "sm"))
+@deriver("gpu_bf16", facts=("_cc_source", "_fp16_advice", "arch", "bf16_capable_gpu", "cc", "gpu_desc", "no_bf16_gpu", "sm") + FIT_FACTS)
 def gpu_bf16(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
-    return gpu_facts(facts, "bf16")
+    return {**gpu_facts(facts, "bf16"), **fit(facts)}
 
 
 @deriver("gpu_fp8", facts=("_cc_source", "_fp16_advice", "arch", "cc", "fp8_capable_gpu", "gpu_desc", "no_fp8_gpu", "sm"))

@@ -18,6 +18,8 @@ import gc
 import time
 from typing import Any, Callable
 
+from ..redact import clip
+
 _OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate",
               "not enough memory", "std::bad_alloc")
 
@@ -109,7 +111,7 @@ def search(try_step: Callable[[int], None], start: int, upper: int, torch: Any, 
         except BaseException as exc:  # noqa: BLE001 - anything else is re-raised below
             if not is_oom(exc, capped):
                 raise
-            ok, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            ok, error = False, f"{type(exc).__name__}: {clip(str(exc).splitlines()[0], 160) if str(exc) else ''}"
             exc = None  # drop the traceback's frames (and the tensors they hold) now
         free_memory(torch, device)
         tries.append({"batch": n, "ok": ok, "s": round(time.perf_counter() - t0, 3),

@@ -27,6 +27,8 @@ import os
 import re
 from typing import Any
 
+from ..redact import clip
+
 BUILTIN = ("transformer", "mlp", "conv")
 DEFAULT_FACTORIES = ("make_model", "build_model", "create_model", "get_model", "model")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
@@ -98,7 +100,7 @@ def _config_spec(text: str, path: str) -> dict[str, Any]:
         with open(full, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError, RecursionError) as exc:
-        raise ModelSpecError(f"--model {text}: not a JSON file ({type(exc).__name__}: {str(exc)[:120]})") from None
+        raise ModelSpecError(f"--model {text}: not a JSON file ({type(exc).__name__}: {clip(str(exc), 120)})") from None
     if not isinstance(data, dict) or not (isinstance(data.get("model_type"), str) or data.get("architectures")):
         raise ModelSpecError(f"--model {text}: not a transformers config (no \"model_type\" or \"architectures\")")
     if importlib.util.find_spec("transformers") is None:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..redact import clip
 from .spec import DEFAULT_FACTORIES
 
 
@@ -261,7 +262,7 @@ def _from_factory(spec: dict[str, Any], batch_size: int | None, seq_len: int, se
     except ModelLoadError:
         raise
     except Exception as exc:
-        raise ModelLoadError(f"the factory {name}() raised {type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise ModelLoadError(f"the factory {name}() raised {type(exc).__name__}: {clip(str(exc), 300)}") from exc
     model, batch, loss_fn = made, None, None
     if isinstance(made, (tuple, list)) and made and isinstance(made[0], nn.Module):
         if len(made) > 3:
@@ -314,7 +315,7 @@ def _from_config(spec: dict[str, Any], batch_size: int | None, seq_len: int, see
         else:
             config = transformers.AutoConfig.from_pretrained(spec["path"])
     except Exception as exc:
-        raise ModelLoadError(f"transformers cannot read this config: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise ModelLoadError(f"transformers cannot read this config: {type(exc).__name__}: {clip(str(exc), 300)}") from exc
     if getattr(config, "pad_token_id", None) is None:
         # sequence classification needs it to find the last token of each row
         eos = getattr(config, "eos_token_id", None)
@@ -337,14 +338,14 @@ def _from_config(spec: dict[str, Any], batch_size: int | None, seq_len: int, see
                 model = build(cls)
                 break
             except Exception as exc:
-                tried.append(f"{arch}: {type(exc).__name__}: {str(exc)[:200]}")
+                tried.append(f"{arch}: {type(exc).__name__}: {clip(str(exc), 200)}")
     if model is None:
         for auto in _AUTO_ORDER:
             try:
                 model = build(getattr(transformers, auto))
                 break
             except (ValueError, KeyError, AttributeError, OSError) as exc:
-                tried.append(f"{auto}: {str(exc)[:120]}")
+                tried.append(f"{auto}: {clip(str(exc), 120)}")
     if model is None:
         raise ModelLoadError("transformers builds no model from this config (" + "; ".join(tried[-3:]) + ")")
     cls_name = type(model).__name__
@@ -420,7 +421,7 @@ def load(spec: dict[str, Any], batch_size: int | None, seq_len: int, seed: int) 
     except ModelLoadError:
         raise
     except Exception as exc:  # an import error in the user's file, a bad config value...
-        raise ModelLoadError(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise ModelLoadError(f"{type(exc).__name__}: {clip(str(exc), 300)}") from exc
     work.describe["parameters"] = sum(p.numel() for p in work.model.parameters())
     work.model.train()
     return work

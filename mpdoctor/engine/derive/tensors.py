@@ -186,7 +186,48 @@ _SINGULAR_GRADS: dict[str, str] = {
 }
 
 
-@deriver("nonfinite", facts=("forward_op", "occurrences", "op_hint", "values_seen") + FIT_FACTS)
+# The largest finite values of the dtypes a diverging run meets: a logged loss or
+# gradient norm close to one of them says whose range was used up.
+FP16_MAX = 65504.0
+BF16_MAX = 3.3895313892515355e38  # float32's is 3.4028e38: the same order
+
+
+def _share(value: float, limit: float) -> str:
+    share = 100 * value / limit
+    return f"{share:.0f}%" if share >= 1 else f"{share:.1g}%"
+
+
+def magnitudes(facts: dict[str, Any]) -> dict[str, Any]:
+    """The large finite loss / gradient norm the log printed (context groups `_big_loss`,
+    `_big_grad_norm`: the first value of at least 1e4), and its share of float16's and
+    bfloat16's largest finite values, when it is near one of them."""
+    out: dict[str, Any] = {}
+    for key, name in (("_big_loss", "big_loss"), ("_big_grad_norm", "big_grad_norm")):
+        raw = str(facts.get(key) or "").strip()
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if not (value == value) or value in (float("inf"), float("-inf")) or abs(value) < 1e4:
+            continue
+        out[name] = raw
+        if abs(value) <= FP16_MAX:
+            out[f"{name}_fp16"] = _share(abs(value), FP16_MAX)
+        elif abs(value) >= 1e36:
+            out[f"{name}_bf16"] = _share(abs(value), BF16_MAX)
+        else:
+            out[f"{name}_over_fp16"] = f"{abs(value) / FP16_MAX:.3g}"
+    if any(k.endswith("_bf16") for k in out):
+        out["_range_reached"] = "yes"  # bf16's and fp32's range: switching to bf16 cannot help
+    out["_bf16_ok"] = "ok"  # a code: the rule says whether bf16 advice fits ([words._bf16_ok])
+    return out
+
+
+MAGNITUDE_FACTS = ("_bf16_ok", "_range_reached", "big_grad_norm", "big_grad_norm_bf16", "big_grad_norm_fp16", "big_grad_norm_over_fp16",
+                   "big_loss", "big_loss_bf16", "big_loss_fp16", "big_loss_over_fp16")
+
+
+@deriver("nonfinite", facts=("forward_op", "occurrences", "op_hint", "values_seen") + FIT_FACTS + MAGNITUDE_FACTS)
 def nonfinite(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     fn = facts.get("function")
@@ -203,5 +244,6 @@ def nonfinite(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, An
         values = list(dict.fromkeys(str(h.get("value")) for h in hits if h.get("value")))
         if len(values) > 1:
             out["values_seen"] = ", ".join(values)
+    out.update(magnitudes(facts))
     out.update(fit(facts))
     return out

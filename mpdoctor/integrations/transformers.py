@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..knowledge import intent
 from . import require
 from ._session import SessionResults, WatchSession
 
@@ -47,10 +48,10 @@ class MpdoctorCallback(SessionResults, TrainerCallback):  # type: ignore[misc, v
         if model is None:
             return
         self.session.start(model)
-        self._see_trainer_precision(kwargs.get("optimizer"))
+        self._see_trainer_precision(kwargs.get("optimizer"), args)
         self._hook_uncaught()
 
-    def _see_trainer_precision(self, optimizer: Any) -> None:
+    def _see_trainer_precision(self, optimizer: Any, args: Any = None) -> None:
         """The Trainer made its Accelerator before training began, so the watch never saw
         it: hand the precision it asked for (accelerate's shared state, the prepared
         optimizer's scaler) to the plan, as `mpdoctor run` sees it (Trainer(fp16=True,
@@ -65,6 +66,12 @@ class MpdoctorCallback(SessionResults, TrainerCallback):  # type: ignore[misc, v
             if not AcceleratorState._shared_state:
                 return
             recorder.on_accelerator(_TrainerAccelerator(AcceleratorState(), optimizer))
+            # where the precision came from, as `mpdoctor run` records it: the Trainer
+            # hands TrainingArguments' fp16/bf16 to its Accelerator over the environment
+            asked = "fp16" if getattr(args, "fp16", False) else ("bf16" if getattr(args, "bf16", False) else None)
+            sources = recorder.plan_tracker.plan.sources
+            if asked and not any(s.get("source") == intent.TRAINER_ARGS for s in sources):
+                sources.append({"source": intent.TRAINER_ARGS, "value": asked, "where": None})
         except Exception as exc:  # fail open, as the watcher does
             recorder._fail(exc)
 

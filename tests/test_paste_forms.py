@@ -149,3 +149,42 @@ def test_a_source_line_two_ranks_glued_is_split_at_the_frame_boundary():
     # an ordinary source line is left whole
     assert [ln.text for ln in normalise("    return F.linear(input, self.weight, self.bias)")] == \
         ["    return F.linear(input, self.weight, self.bias)"]
+
+
+def test_stacked_rank_prefixes_name_the_inner_rank():
+    # the launcher's local index comes first, the process's own rank last
+    for line in ("[default1]:[rank3]: RuntimeError: boom", "[1,0]<stderr>:[rank3]: RuntimeError: boom"):
+        (ln,) = normalise(line)
+        assert (ln.rank, ln.text) == (3, "RuntimeError: boom"), line
+    (ln,) = normalise("[default2]: RuntimeError: boom")
+    assert ln.rank == 2
+
+
+def test_an_mpirun_tag_glued_mid_line_is_not_text(rules):
+    text = ('[1,1]<stderr>:  File "/opt/conda/lib/python3.8/site-packages/torch/distributed/distributed_c10d.py", '
+            'line 911, in irecv\n[1,1]<stderr>:RuntimeError[1,1]<stderr>:: Unconvertible NCCL type BFloat16\n')
+    lines = [ln for ln in normalise(text) if ln.text]
+    assert lines[-1].text == "RuntimeError: Unconvertible NCCL type BFloat16" and lines[-1].rank == 1
+    top = explain_text(text, rules).findings[0]
+    assert (top.category, top.rule) == ("distributed-communication", "nccl-unsupported-dtype")
+
+
+def test_a_line_glued_after_a_progress_bar_is_a_line_of_its_own(rules):
+    text = (" 1%|▏         | 23/1752 [01:05<1:23:14,  2.89s/it]\n"
+            " 1%|▏         | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[E602 11:17:52.185053341 "
+            "ProcessGroupNCCL.cpp:632] [Rank 5] Watchdog caught collective operati\n")
+    lines = [ln for ln in normalise(text) if ln.text]
+    assert lines[-1].rank == 5 and lines[-1].text.startswith("[E602"), lines[-1]
+    assert lines[-2].text.endswith("2.88s/it]")
+    top = explain_text(text, rules).findings[0]
+    assert (top.category, top.rule) == ("distributed-communication", "nccl-watchdog-timeout")
+
+
+def test_a_bracketed_line_number_gutter_is_taken_off():
+    body = ["Traceback (most recent call last):", '  File "/app/train.py", line 9, in <module>', "    out = model(x)",
+            "RuntimeError: boom"]
+    text = "\n".join(f"[{n}] {ln}" for n, ln in enumerate(body, 1741))
+    assert [ln.text for ln in normalise(text)] == body
+    # bracketed process tags that do not count the lines are left alone
+    tags = "\n".join(f"[{n}] {ln}" for n, ln in zip((0, 2, 1, 3), body))
+    assert unquote(tags) == tags

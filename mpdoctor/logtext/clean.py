@@ -108,6 +108,29 @@ _STREAM = LazyRe(r"pid[= ](\d{1,10})|^([a-z][\w-]{0,40}\d{1,5}): |^([\w.-]{1,64}
 _PROGRESS = LazyRe(r"\d%\||it/s\]|s/it\]|[█▉▊▋▌▍▎▏]|\d{1,12}/\d{1,12} \[\d")
 
 
+# mpirun --tag-output's tag written mid-line when two writes of one rank interleave
+# ("RuntimeError[1,1]<stderr>:: Unconvertible ..."): the tag is the launcher's, never text.
+_MIDLINE_TAG = LazyRe(r"(?<=\S)\[\d{1,5},\d{1,5}\]<std(?:out|err)>:")
+
+
+# A line glued after a tqdm bar that ended without a newline ("...2.88s/it][rank5]:[E602 ...",
+# "...it/s]Traceback"): the bar's closing bracket ends the bar, the rest is a new line.
+_AFTER_BAR = LazyRe(r"(?:it/s|s/it)\](?=\S)")
+
+
+def split_after_progress(line: str) -> list[str]:
+    """A physical line holding a progress bar and a line glued right after its end: two lines."""
+    if "it]" not in line and "it/s]" not in line:
+        return [line]
+    out: list[str] = []
+    at = 0
+    for m in _AFTER_BAR.finditer(line[:_HEAD * 4]):
+        out.append(line[at:m.end()])
+        at = m.end()
+    out.append(line[at:])
+    return out
+
+
 def split_overwrites(line: str) -> list[str]:
     """A `\\r` rewrites the line (tqdm): the progress bars it overwrote are dropped,
     but text printed between two bars (an error, a warning) is kept."""
@@ -165,6 +188,8 @@ def clean_physical_line(line: str) -> str:
                 line = line.replace(fancy, plain)
         line = unicodedata.normalize("NFKC", line).replace("\ufffd", "?")
         line = _TRAILING_PUNCT_SPACE.sub("", line)
+    if "]<std" in line:
+        line = _MIDLINE_TAG.sub("", line)
     return fold_paste(line).rstrip()
 
 
@@ -216,8 +241,9 @@ def _strip_prefixes(line: str) -> tuple[str, int | None, str | None]:
                 continue
             m = rx.match(head)
             if m:
-                if rank is None:
-                    rank = int(m.group("rank"))
+                # stacked rank prefixes ("[default1]:[rank3]:", "[1,0]<stderr>:[rank3]:"): the
+                # launcher's local index comes first, the process's own rank last; the inner wins
+                rank = int(m.group("rank"))
                 line = line[m.end():]
                 break
         else:

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import re
 
-from .clean import _PROGRESS, _RICH_HANDLER, _strip_prefixes, clean_physical_line, split_overwrites
+from .clean import (
+    _PROGRESS,
+    _RICH_HANDLER,
+    _strip_prefixes,
+    clean_physical_line,
+    split_after_progress,
+    split_overwrites,
+)
 from .lines import _HEAD, LazyRe, LogLine
 
 # Rich box borders (rich.traceback, rich logging with tracebacks, typer, accelerate).
@@ -183,8 +190,8 @@ _GUTTER = LazyRe(r"^\s*(?:❱\s*)?\d{1,6}(?: |$)")  # rich's code lines: "❱ 13
 # A paste quoted or marked line by line: e-mail/markdown quotes ("> ", "> > "), a diff's
 # added lines ("+"), a table or blame column ("| ", "│"), a line-number gutter ("12 | ").
 # Rich/ASCII boxes ("╭─", "│ ... │", "+---+", "| ... |") are the box reader's, never unquoted.
-_QUOTE_MARKS = ">+|0123456789 "
-_QUOTE = LazyRe(r"^(?:>[ \t]?){1,4}|^\+(?![+-]{2})|^\|\s?|^\s{0,6}\d{1,6}\s{0,3}\|\s?")
+_QUOTE_MARKS = ">+|0123456789 ["
+_QUOTE = LazyRe(r"^(?:>[ \t]?){1,4}|^\+(?![+-]{2})|^\|\s?|^\s{0,6}\d{1,6}\s{0,3}\|\s?|^\[\d{1,7}\](?: |$)")
 _BOXED = LazyRe(r"[╭┏╔│┃║]|^\s*\+-{10,}", re.M)
 _TABLE_END = LazyRe(r"\s{0,4}[|│]\s{0,4}$")
 QUOTED_SHARE = 0.6  # of a paste's first non-blank lines carrying one mark: the paste is quoted
@@ -200,26 +207,35 @@ def unquote(text: str) -> str:
         return text
     head = [ln for ln in text[:4096].split("\n")[:60] if ln.strip()]
     kinds: dict[str, int] = {}
+    numbers: list[int] = []  # a bracketed gutter's numbers ("[1743] ")
     for ln in head:
         m = _QUOTE.match(ln)
         if m:
-            mark = m.group(0)
-            kind = "gutter" if mark.strip()[:1].isdigit() else mark.strip()[:1]
+            kind = _quote_kind(m.group(0))
             kinds[kind] = kinds.get(kind, 0) + 1
+            if kind == "[":
+                numbers.append(int(m.group(0).strip()[1:-1]))
     if not kinds:
         return text
     kind, n = max(kinds.items(), key=lambda kv: kv[1])
     if n < 3 or n < QUOTED_SHARE * len(head):
         return text
+    if kind == "[" and sum(b == a + 1 for a, b in zip(numbers, numbers[1:])) < QUOTED_SHARE * (len(numbers) - 1):
+        return text  # "[0] ", "[3] ": process tags, not a gutter counting the lines
     out = []
     for ln in text.split("\n"):
         m = _QUOTE.match(ln)
-        if m and ("gutter" if m.group(0).strip()[:1].isdigit() else m.group(0).strip()[:1]) == kind:
+        if m and _quote_kind(m.group(0)) == kind:
             ln = ln[m.end():]
             if kind == "|":
                 ln = _TABLE_END.sub("", ln)
         out.append(ln)
     return "\n".join(out)
+
+
+def _quote_kind(mark: str) -> str:
+    first = mark.strip()[:1]
+    return "gutter" if first.isdigit() else first
 
 
 def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
@@ -275,8 +291,9 @@ def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
     no = first_line_no - 1
     for physical_line in text.split("\n"):
         no += 1
-        for physical in split_overwrites(physical_line):
-            add(physical, no)
+        for overwritten in split_overwrites(physical_line):
+            for physical in split_after_progress(overwritten):
+                add(physical, no)
     for st in streams.values():
         flush_box(st)
         flush_message(st)

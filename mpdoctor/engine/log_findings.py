@@ -140,6 +140,9 @@ class _WholeLog:
         self.lines = lines
 
     def search(self, rx: Any) -> re.Match[str] | None:
+        # a line without the literals every match holds is skipped before the regular
+        # expression runs (a rule's context patterns read every line of the log)
+        may = rx.may_match if getattr(rx, "runs", None) else None
         for ln in self.lines:
             text = ln.text
             if len(text) > MAX_MATCH_CHARS:
@@ -147,6 +150,8 @@ class _WholeLog:
                     m = rx.search(text[start:start + MAX_MATCH_CHARS])
                     if m:
                         return m
+                continue
+            if may is not None and not may(text):
                 continue
             m = rx.search(text)
             if m:

@@ -100,3 +100,32 @@ def pytest_sessionfinish(session, exitstatus) -> None:
             if reporter is not None:
                 reporter.write_line(f"FAILED rule-id check: {msg}", red=True)
             session.exitstatus = 1
+
+
+# The suite's cost in CPU-seconds, which a busy machine does not inflate as it does wall
+# time: with MPDOCTOR_TEST_CPU_LOG=FILE each test appends one line to FILE, its node id and
+# the CPU-seconds (user + system) of this process and of every process it started and
+# waited for (a module fixture's are counted in the test that set it up), and its wall
+# seconds, tab-separated. Nothing is written without the variable.
+_CPU_LOG = os.environ.get("MPDOCTOR_TEST_CPU_LOG")
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_LOG:
+        yield
+        return
+    import time
+
+    cpu, wall = _cpu_now(), time.monotonic()
+    yield
+    line = f"{item.nodeid}\t{_cpu_now() - cpu:.2f}\t{time.monotonic() - wall:.2f}\n"
+    with open(_CPU_LOG, "a", encoding="utf-8") as fh:
+        fh.write(line)

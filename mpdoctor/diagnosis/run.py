@@ -27,7 +27,7 @@ from ..engine.rule import Rule
 from ..findings import Finding, Report, Unrecognised
 from ..redact import clip
 from ..run.checks import outcome, plan, recipe, values
-from ..run.evidence import RunView, build_evidence, read_evidence
+from ..run.evidence import RunView, build_evidence, origin_facts, read_evidence
 
 _MODES = ("no", "fp16", "bf16", "fp8")
 def _run_checks() -> dict[str, Any]:
@@ -228,6 +228,7 @@ def _context_facts(exc: dict[str, Any]) -> dict[str, Any]:
              "param_dtypes": params or None, "input_dtypes": inputs or None,
              "autocast": autocast if exc.get("module") else None, "memory_context": memory or None,
              "batch_shape": str(tuple(ctx["batch_shape"])) if ctx.get("batch_shape") else None}
+    facts.update(origin_facts(exc))  # the odd tensor and what made it (instrument/origin.py)
     return {k: v for k, v in facts.items() if v is not None}
 
 

@@ -70,6 +70,7 @@ class ErrorRecorder:
         err = raised_error(exception_text(exc), self.step, self._batch_shape, mod, self.name_of(mod), args,
                            owners=self.memory_owners)
         err.micro = self.micro
+        self._add_origin(err, exc, mod, args)
         self.errors.append(err)
         if self.sink is not None:
             self.sink.event("exception", step=self.step, module=err.module, exception=err.exception[:500],
@@ -82,7 +83,23 @@ class ErrorRecorder:
         text = exception_text(exc)
         if any(e.exception == text for e in self.errors):
             return
-        self.errors.append(raised_error(text, self.step, self._batch_shape, owners=self.memory_owners))
+        err = raised_error(text, self.step, self._batch_shape, owners=self.memory_owners)
+        self._add_origin(err, exc)
+        self.errors.append(err)
+
+    def _add_origin(self, err: RaisedError, exc: BaseException, mod: Any = None, args: Any = ()) -> None:
+        """The odd tensor of a dtype or device mismatch and what made it (origin.py); a
+        failure to find it is noted in the context, never raised."""
+        try:
+            from . import origin
+
+            found = origin.origin_in_forward(mod, args, exc, self) if mod is not None else \
+                origin.origin_outside(exc, self)
+        except Exception as inner:
+            err.context.setdefault("errors", []).append(f"origin: {type(inner).__name__}: {inner}"[:200])
+            return
+        if found:
+            err.context["origin"] = found
 
     def _after_optimizer_step(self) -> None:
         """An optimizer step completed: the exceptions recorded before it were caught and

@@ -31,6 +31,9 @@ _MAX_PENDING = 20000
 # Modules that could not be hooked, kept by name (a scripted model can have thousands).
 _MAX_UNHOOKED = 50
 
+_F64, _F32 = torch.float64, torch.float32
+_MAX_MADE = 256
+
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 _tracing_state = torch._C._get_tracing_state
 
@@ -98,6 +101,9 @@ class ModuleHooks:
         # the hot path's view of the plan: bound once, and () once the plan has enough
         self._note_matmul = self.plan_tracker.note_matmul
         self._matmul_types = MATMUL_TYPES
+        # outputs of a dtype the module changed from a 16-bit or float64 input, or float64
+        # ones: id -> (weakref, module, input dtype), read by origin.py at a failure only
+        self._made: dict[int, tuple[Any, Any, Any]] = {}
 
     # ---- attaching -------------------------------------------------------------------
     def attach_global(self) -> None:
@@ -239,6 +245,11 @@ class ModuleHooks:
             t = out if isinstance(out, Tensor) else first_float(out)
             if t is None or not t.is_floating_point() or not t.numel() or t.is_meta:
                 return None
+            dt = t.dtype
+            a0 = args[0] if args else None
+            if dt is _F64 or (isinstance(a0, Tensor) and a0.dtype is not dt and a0.dtype is not _F32
+                              and a0.is_floating_point()):
+                self._note_made(t, mod, a0)
             if not self._on:
                 if isinstance(mod, self._matmul_types) and not self._note_matmul(mod, t):
                     self._matmul_types = ()
@@ -254,6 +265,14 @@ class ModuleHooks:
         except Exception as exc:
             self._fail(exc)
         return None
+
+    def _note_made(self, t: Tensor, mod: Any, a0: Any) -> None:
+        """A module output whose dtype the module chose (float64, or another dtype than its
+        16-bit input: a float32 LayerNorm in a bf16 model): origin.py names it as the maker."""
+        made = self._made
+        if len(made) >= _MAX_MADE:
+            made.clear()
+        made[id(t)] = (weakref.ref(t), mod, a0.dtype if isinstance(a0, Tensor) else None)
 
     def _first_sight(self, exc: BaseException) -> bool:
         """Whether this is the first hook the exception passes (it passes every enclosing

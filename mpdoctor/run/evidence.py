@@ -35,6 +35,30 @@ EXCEPTION_CONTEXT_FACTS: dict[str, str] = {
     "memory_context": "run: process and device memory when it raised",
     "batch_shape": "run: the shape of the step's batch",
     "mode": "probe: the precision mode the failing child ran",
+    # the odd tensor of a dtype or device mismatch and what made it (instrument/origin.py)
+    "odd_tensor": "run: the tensor that was odd (a variable, or a parameter/buffer by its qualified name)",
+    "odd_dtype": "run: its dtype",
+    "odd_device": "run: its device",
+    "odd_against": "run: the dtype (or device) of the other tensors of the op",
+    "origin": "run: what made it, a code (parameter, model-params, buffer, buffer-unloaded, module-output, "
+              "function-output, cast, created, computed) the rule says in [words.origin]",
+    "origin_fix": "run: the same code, said as the fix in [words.origin_fix]",
+    "origin_module": "run: the module that holds it (parameter/buffer) or made it (output)",
+    "origin_module_type": "run: that module's class",
+    "origin_module_params": "run: that module's parameters by dtype",
+    "origin_model_params": "run: the whole watched model's parameters by dtype",
+    "origin_training": "run: how that module is trained, a code (outside: neither prepared nor in an optimizer; "
+                       "unprepared; not-optimized)",
+    "origin_at": "run: file:line of the user's code that assigned it",
+    "origin_code": "run: that line",
+    "origin_cast": "run: the cast spelled on that line (`.double()`, `.to(torch.float16)`)",
+    "origin_function": "run: the custom autograd Function whose forward returned it",
+    "origin_function_at": "run: file:line of that Function's forward",
+    "origin_used_at": "run: file:line where it met the others",
+    "fix_dtype": "run: the dtype to make it (float32 in a mixed-precision run, else the others')",
+    "fix_cast": "run: the method call that makes it so (`.float()`, `.bfloat16()`)",
+    "amp_device": "run: the device type the tensors were on (for `torch.autocast(...)`)",
+    "amp_dtype": "run: the autocast dtype at the failure",
 }
 # Facts the run face adds to an env rule it judges on the environment a process ran in.
 OBSERVED_FACTS: dict[str, str] = {
@@ -43,6 +67,69 @@ OBSERVED_FACTS: dict[str, str] = {
     "observed_device": "run: the device the trained parameters were on",
     "requested_by": "run: what asked for the precision (the Accelerator of this run)",
 }
+
+
+_CAST_CALL = {"float32": ".float()", "bfloat16": ".bfloat16()", "float16": ".half()", "float64": ".double()"}
+_HALF = ("float16", "bfloat16")
+
+
+def origin_facts(exc: dict[str, Any]) -> dict[str, Any]:
+    """The facts of the odd tensor a recorded exception's context names (its "origin":
+    codes and names from instrument/origin.py; the rules hold the words)."""
+    ctx = exc.get("context") or {}
+    o = ctx.get("origin")
+    if not isinstance(o, dict) or not o.get("dtype"):
+        return {}
+    kind = str(o.get("kind") or "unknown")
+    dtype, against = str(o.get("dtype")), str(o.get("against") or "")
+    by_device = o.get("differs") == "device"
+    autocast = o.get("autocast") or ctx.get("autocast") or {}
+    amp_dtype = next(iter(autocast.values()), None) if isinstance(autocast, dict) else None
+    name = o.get("variable") or o.get("tensor")
+    if o.get("role") == "input" and not o.get("variable") and exc.get("module"):
+        name = f"{exc['module']}'s {o.get('tensor')}"
+    model = o.get("model_params") or {}
+    mod_params = o.get("module_params") or {}
+    if kind == "parameter" and model and set(model) == {dtype}:
+        kind = "model-params"
+    if kind == "buffer" and str(o.get("device")) == "meta" and o.get("persistent") is False:
+        kind = "buffer-unloaded"
+    fix_dtype = None
+    if not by_device:
+        if dtype == "float64":
+            fix_dtype = against if against in _HALF and not amp_dtype else "float32"
+        elif dtype in _HALF and amp_dtype and kind in ("parameter", "model-params", "buffer"):
+            fix_dtype = "float32"
+        else:
+            fix_dtype = against or None
+    training = None
+    if o.get("in_optimizer") is False and o.get("prepared") is False:
+        training = "outside"
+    elif o.get("prepared") is False:
+        training = "unprepared"
+    elif o.get("in_optimizer") is False and kind in ("parameter", "model-params"):
+        training = "not-optimized"
+    known = kind not in ("unknown",)
+    facts = {
+        "odd_tensor": name, "odd_dtype": dtype if not by_device else None,
+        "odd_device": o.get("device") if by_device else None, "odd_against": against or None,
+        "origin": kind if known else None, "origin_fix": kind if known else None,
+        "origin_module": o.get("module") or None, "origin_module_type": o.get("module_type") or None,
+        "origin_module_params": _counts(mod_params), "origin_model_params": _counts(model),
+        "origin_training": training, "origin_at": o.get("at"), "origin_code": o.get("code"),
+        "origin_cast": o.get("cast"), "origin_function": o.get("function"),
+        "origin_function_at": o.get("function_at"), "origin_used_at": o.get("used_at"),
+        "fix_dtype": fix_dtype, "fix_cast": _CAST_CALL.get(fix_dtype or ""),
+        "amp_device": str(o.get("device") or "").split(":")[0] or None if not by_device else None,
+        "amp_dtype": amp_dtype,
+    }
+    return {k: v for k, v in facts.items() if v not in (None, "")}
+
+
+def _counts(counts: dict[str, Any]) -> str | None:
+    if not isinstance(counts, dict) or not counts:
+        return None
+    return ", ".join(f"{n}× {k}" for k, n in sorted(counts.items(), key=lambda kv: -int(kv[1] or 0)))
 
 
 def build_evidence(cmd: list[str], result: Any, records: list[Any]) -> dict[str, Any]:

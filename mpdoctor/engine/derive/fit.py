@@ -128,3 +128,23 @@ def _frame(text: str) -> str:
 @deriver("fit", facts=FIT_FACTS)
 def fit_case(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     return fit(facts)
+
+
+def machine_case(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The fit facts of a machine's environment snapshot (`mpdoctor check`'s, the one
+    `explain --here` collects): its device type (a CUDA GPU, else MPS, else the CPU) and
+    its transformers. For a face that re-renders a log finding for this machine
+    (diagnosis/sharpen.py): merged into the finding's facts before it is re-assembled,
+    the rules' [words] pick `torch.autocast("cpu", ...)` and `dtype=` / `torch_dtype=`."""
+    torch_env = snapshot.get("torch") or {}
+    if torch_env.get("cuda_available"):
+        device = "cuda"
+    elif (torch_env.get("mps") or {}).get("available"):
+        device = "mps"
+    elif torch_env.get("cuda_available") is False:
+        device = "cpu"
+    else:
+        device = None
+    versions = (snapshot.get("packages") or {}).get("versions") or {}
+    facts = {k: v for k, v in (("_run_device", device), ("_run_transformers", versions.get("transformers"))) if v}
+    return fit(facts) if facts else {}

@@ -1,5 +1,6 @@
 """Process-wide taps that module hooks cannot see: the loss scaler, backward(), the
-optimizer step, gradient clipping, collectives and accelerate's Accelerator.
+optimizer step, gradient clipping, torch.autograd.grad, torch.save, custom autograd
+Functions under autocast, collectives and accelerate's Accelerator.
 
 Installed once per process, they dispatch to every active watcher. Each wrapper calls
 the original exactly as it was called and returns its result untouched; our part runs in
@@ -52,6 +53,18 @@ def _dispatch(method: str, *args: Any) -> None:
             w._fail(exc)
 
 
+def _recipe(method: str, *args: Any) -> None:
+    """A step of the AMP recipe, to each watcher's RecipeTracker (instrument/recipe.py)."""
+    for w in _WATCHERS:
+        recipe = getattr(w, "recipe", None)
+        if w.disabled or recipe is None:
+            continue
+        try:
+            getattr(recipe, method)(w, *args)
+        except Exception as exc:
+            w._fail(exc)
+
+
 def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
     original = getattr(owner, name)
     if getattr(original, "__mpdoctor_wrapped__", False):
@@ -85,6 +98,23 @@ def _before(owner: Any, name: str, tap: Callable[[Any], None]) -> None:
     if isinstance(owner.__dict__.get(name), _Before):
         return
     setattr(owner, name, _Before(getattr(owner, name), tap))
+
+
+class _BeforeClassmethod(classmethod):
+    """A classmethod tapped when it is looked up (`MyFunction.apply(...)`), before the
+    call, with the class it is looked up on: no frame of ours in what the call raises.
+    Still a classmethod, so code that inspects the attribute statically sees one."""
+
+    __mpdoctor_wrapped__ = True
+
+    def __init__(self, original: classmethod, tap: Callable[[Any], None]) -> None:
+        super().__init__(original.__func__)
+        self.tap = tap
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:  # type: ignore[override]
+        if _WATCHERS:
+            self.tap(objtype if objtype is not None else type(obj))
+        return super().__get__(obj, objtype)
 
 
 def _without_our_frames(exc: BaseException | None, seen: set[int] | None = None) -> None:
@@ -161,11 +191,21 @@ def install_torch() -> None:
             return result
         return update
 
+    def scaler_scale(orig: Callable) -> Callable:
+        def scale(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _dispatch("on_scaler_scale", self)
+            result = orig(self, *args, **kwargs)
+            if _WATCHERS:  # the scaled loss, known again if torch.autograd.grad is taken of it
+                _recipe("scaled_output", self, result)
+            return result
+        return scale
+
     _wrap(grad_scaler.GradScaler, "__init__", scaler_init)
     _wrap(grad_scaler.GradScaler, "update", scaler_update)
     # a scaler made before watch() was called is met here, once per step
     # (and each call is a step of the recipe: scale, unscale_ before clipping)
-    _before(grad_scaler.GradScaler, "scale", lambda scaler: _dispatch("on_scaler_scale", scaler))
+    _wrap(grad_scaler.GradScaler, "scale", scaler_scale)
+    _before(grad_scaler.GradScaler, "get_scale", lambda scaler: _recipe("get_scale", scaler))
     _before(grad_scaler.GradScaler, "unscale_", lambda scaler: _dispatch("on_scaler_unscale", scaler))
     # a step of the loop, taken or skipped on overflow (then the optimizer's step is not called)
     _before(grad_scaler.GradScaler, "step", lambda scaler: _dispatch("on_scaler_step", scaler))
@@ -184,6 +224,51 @@ def install_torch() -> None:
 
     optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: _dispatch("on_optimizer_pre", opt))
     optim_mod.register_optimizer_step_post_hook(lambda opt, args, kwargs: _dispatch("on_optimizer_post", opt))
+    # the recipe: was this step the scaler's (scaler.step(opt)) or a direct one on scaled gradients?
+    optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: _recipe("optimizer_step", opt))
+    _install_recipe(torch)
+
+
+def _install_recipe(torch: Any) -> None:
+    """The calls of the AMP recipe that are not the scaler's own: torch.autograd.grad (a
+    gradient penalty of a scaled loss), torch.save (a checkpoint without the scaler's
+    state), a custom autograd Function's apply under autocast. Each costs a check of a
+    list (or, for apply, of the autocast state) when nothing is watched."""
+
+    def autograd_grad(orig: Callable) -> Callable:
+        def grad(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            if _WATCHERS:
+                outputs = args[0] if args else kwargs.get("outputs")
+                create_graph = args[4] if len(args) > 4 else kwargs.get("create_graph", False)
+                _recipe("autograd_grad", outputs, create_graph, result)
+            return result
+        return grad
+
+    _wrap(torch.autograd, "grad", autograd_grad)
+
+    def save(orig: Callable) -> Callable:
+        def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if _WATCHERS:
+                _recipe("saved", obj, sys._getframe(1))
+            return orig(obj, *args, **kwargs)
+        return save
+
+    import torch.serialization as serialization
+
+    _wrap(serialization, "save", save)
+    torch.save = serialization.save
+
+    from torch.autograd.function import Function
+
+    is_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+    apply = Function.__dict__.get("apply")
+    if is_autocast is not None and isinstance(apply, classmethod) and not isinstance(apply, _BeforeClassmethod):
+        def tap(cls: Any) -> None:
+            if is_autocast():
+                _recipe("function_apply", cls)
+
+        Function.apply = _BeforeClassmethod(apply, tap)  # type: ignore[method-assign]
 
 
 def install_accelerate() -> None:
@@ -202,6 +287,7 @@ def install_accelerate() -> None:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             orig(self, *args, **kwargs)
             _dispatch("on_accelerator", self)
+            _recipe("accelerator", self)
         return __init__
 
     def prepare(orig: Callable) -> Callable:
@@ -214,6 +300,8 @@ def install_accelerate() -> None:
 
     _wrap(cls, "__init__", init)
     _wrap(cls, "prepare", prepare)
+    # `with accelerator.accumulate(model):` (the recipe when gradient_accumulation_steps > 1)
+    _before(cls, "accumulate", lambda acc: _recipe("accumulate", acc))
     _INSTALLED.add("accelerate")
 
 

@@ -40,8 +40,9 @@ _LOOKBACK = 400  # source lines searched back for a variable's assignment
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CAST = re.compile(r"\.(?P<m>double|half|bfloat16|float)\(\s*\)|\.to\((?:[^()]*,\s*)?(?:dtype\s*=\s*)?"
                    r"torch\.(?P<d>float16|bfloat16|float64|double|half|float32|float)\b")
-_CREATE = re.compile(r"\b(?:torch\.(?:tensor|from_numpy|as_tensor|ones|zeros|full|arange|linspace|randn|rand|empty|"
-                     r"eye|ones_like|zeros_like|full_like|empty_like)|np\.|numpy\.)")
+_CREATE = re.compile(r"\btorch\.(?:tensor|from_numpy|as_tensor|ones|zeros|full|arange|linspace|randn|rand|empty|"
+                     r"eye|ones_like|zeros_like|full_like|empty_like)(?=\()")
+_NUMPY = re.compile(r"\b(?:np|numpy)\.")
 _LIB_DIRS = tuple({os.path.realpath(p) + os.sep for p in (sysconfig.get_paths().get("stdlib"),
                                                          sysconfig.get_paths().get("purelib"),
                                                          sysconfig.get_paths().get("platlib")) if p})
@@ -298,14 +299,18 @@ def _without_comment(code: str) -> str:
     return code
 
 
-def _code_kind(code: str, var: str) -> tuple[str, str | None]:
+def _code_kind(code: str, var: str) -> tuple[str, str | None, str | None]:
+    """("cast" | "created" | "computed", the cast spelled, the torch call that created it)."""
     rhs = code.split("=", 1)[1] if "=" in code else code
     m = _CAST.search(rhs)
     if m:
-        return "cast", m.group(0)
-    if _CREATE.search(rhs):
-        return "created", None
-    return "computed", None
+        return "cast", m.group(0), None
+    m = _CREATE.search(rhs)
+    if m:
+        return "created", None, m.group(0)
+    if _NUMPY.search(rhs):
+        return "created", None, None
+    return "computed", None, None
 
 
 def describe(odd: Candidate, frames: list[Any], exc: BaseException | None, recorder: Any) -> dict[str, Any]:
@@ -362,9 +367,11 @@ def describe(odd: Candidate, frames: list[Any], exc: BaseException | None, recor
             line, code = where
             rec["at"] = _where(f.f_code.co_filename, line)
             rec["code"] = code[:160]
-            kind, cast = _code_kind(code, var)
+            kind, cast, maker = _code_kind(code, var)
             if cast:
                 rec["cast"] = cast
+            if maker:
+                rec["maker"] = maker
             if "kind" not in rec:
                 rec["kind"] = kind
     if "kind" not in rec and fn is not None and type(fn).__name__.startswith("ToCopyBackward"):

@@ -184,7 +184,21 @@ class Readout:
             rec.input_dtype = dtype_name(idtype)
             if not (math.isfinite(rec.input_min) and math.isfinite(rec.input_max)):
                 rec.origin = "input"
+        if rec.origin == "module" and "forward" not in self._nf_phases:
+            self._broken_param(rec, mod)
         return self._add_nonfinite(rec)
+
+    def _broken_param(self, rec: NonFinite, mod: Any) -> None:
+        """The first of the module's own parameters that holds NaN/Inf (read once, on the
+        first non-finite forward only): then the weights were broken before this forward."""
+        try:
+            for pname, p in mod.named_parameters(recurse=False):
+                if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p.detach()).all()):
+                    rec.param = f"{rec.module}.{pname}" if rec.module else pname
+                    rec.param_dtype = dtype_name(p.dtype)
+                    return
+        except Exception:  # a parameter that cannot be read (meta, a subclass): no origin
+            return
 
     def renumber_steps(self, step: int) -> None:
         """Every step recorded so far becomes `step` (the recorder found them to be

@@ -32,6 +32,10 @@ class NonFinite:
     seen_absmax: float | None = None
     seen_module: str | None = None
     seen_dtype: str | None = None
+    # a parameter of that module already non-finite when it ran (an optimizer step broke
+    # it: the module did not make the NaN from good weights); read once, at the first one
+    param: str | None = None
+    param_dtype: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

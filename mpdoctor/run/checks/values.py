@@ -64,6 +64,8 @@ def _nonfinite_facts(p: Process, nf: dict[str, Any], v: RunView) -> dict[str, An
             if absmax > FP16_MAX:
                 facts["input_absmax"] = _num(absmax)
     facts.update(_magnitudes(nf))
+    if nf.get("param"):  # the module's own weight was already non-finite: an update broke it
+        facts["odd_tensor"], facts["odd_dtype"] = nf["param"], nf.get("param_dtype")
     if v.multi_rank and p.rank is not None:
         facts["rank"] = p.rank
     return facts
@@ -114,7 +116,7 @@ def _nonfinite_check(v: RunView, phase: str, origins: tuple[str, ...]) -> Result
 
 _NF_FACTS = ("module", "module_type", "where", "phase", "step", "dtype", "what", "steps_affected", "input_range",
              "input_dtype", "input_absmax", "_fp16_overflow", "rank", "seen_absmax", "seen_module", "seen_dtype",
-             "dtype_max", "headroom")
+             "dtype_max", "headroom", "odd_tensor", "odd_dtype")
 
 
 @check(facts=_NF_FACTS)

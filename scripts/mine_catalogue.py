@@ -2,6 +2,12 @@
 
     python scripts/mine_catalogue.py                       # the installed packages
     python scripts/mine_catalogue.py --repo deepspeed=/work/.mirror/deepspeedai+DeepSpeed/repo
+    python scripts/mine_catalogue.py --only torch --cudart .../libcudart.so.12 --cudart-version 12.9.79
+
+The public repositories mined (REPOS below names each, with its version file): DeepSpeed,
+bitsandbytes, peft, diffusers, xformers, flash-attn, torchao, Transformer Engine, ComfyUI,
+NCCL (its WARN lines and ncclGetErrorString), ROCm clr (hipGetErrorString, its LogPrintfError
+lines); the CUDA runtime's cudaGetErrorString texts from the libcudart.so a PyPI wheel ships.
 
 Sources, each read as code, never run:
 - Python: the string (or f-string, "...".format, "..." % x) given to `raise X(...)`,
@@ -11,7 +17,9 @@ Sources, each read as code, never run:
   TORCH_WARN, TORCH_WARN_ONCE, TORCH_INTERNAL_ASSERT message parts (string literals joined,
   other arguments as `{}`);
 - a public repository's git directory (`--repo NAME=GITDIR`, a `fetch`ed snapshot): its
-  Python files at HEAD, read with `git cat-file`.
+  Python and C/C++/CUDA files at HEAD (`git show`), with the libraries' own check macros
+  (NVTE_CHECK/NVTE_ERROR, NCCL's WARN, HIP's LogPrintfError) and error-string tables;
+- libcudart.so (`--cudart`): the runtime's error strings.
 
 Each message is labelled by `classify()` (keyword rules for the categories of
 docs/categories.md; anything else is "not ours"), then by catalogue/review.toml (a
@@ -129,12 +137,15 @@ def mine_python(source: str, rel: str) -> list[dict]:
 
 # --- C++ headers ------------------------------------------------------------------------------
 
-CPP_MACRO = re.compile(r"\b(TORCH_CHECK(?:_[A-Z_]+)?|AT_ERROR|TORCH_WARN(?:_ONCE)?|TORCH_INTERNAL_ASSERT)\s*\(")
+CPP_MACRO = re.compile(r"\b(TORCH_CHECK(?:_[A-Z_]+)?|AT_ERROR|TORCH_WARN(?:_ONCE)?|TORCH_INTERNAL_ASSERT|"
+                       r"NVTE_CHECK|NVTE_ERROR|NVTE_WARN|WARN|LogPrintfError|LogError)\s*\(")
 CPP_STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
-NO_COND = {"AT_ERROR", "TORCH_WARN", "TORCH_WARN_ONCE"}
+NO_COND = {"AT_ERROR", "TORCH_WARN", "TORCH_WARN_ONCE", "NVTE_ERROR", "NVTE_WARN", "WARN", "LogPrintfError", "LogError"}
+PRINTF = re.compile(r"%[-#0 +]*(?:\d+|\*)?(?:\.\d+)?(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfgGcsp]")
 CPP_KIND = {"TORCH_CHECK_VALUE": "ValueError", "TORCH_CHECK_TYPE": "TypeError", "TORCH_CHECK_INDEX": "IndexError",
             "TORCH_CHECK_NOT_IMPLEMENTED": "NotImplementedError", "TORCH_WARN": "UserWarning",
-            "TORCH_WARN_ONCE": "UserWarning"}
+            "TORCH_WARN_ONCE": "UserWarning", "NVTE_WARN": "UserWarning", "WARN": "log-error",
+            "LogPrintfError": "log-error", "LogError": "log-error"}
 
 
 def _args(text: str, start: int) -> list[str] | None:
@@ -166,16 +177,23 @@ def _args(text: str, start: int) -> list[str] | None:
     return None
 
 
-def mine_cpp(source: str, rel: str) -> list[dict]:
+OWN_MACROS = {"WARN": "nccl", "LogPrintfError": "rocm-hip", "LogError": "rocm-hip"}  # another library's WARN is not NCCL's
+
+
+def mine_cpp(source: str, rel: str, library: str = "torch") -> list[dict]:
     found = []
     for m in CPP_MACRO.finditer(source):
         macro = m.group(1)
+        if OWN_MACROS.get(macro, library) != library:
+            continue
         if source[max(0, m.start() - 8):m.start()].rstrip().endswith("define"):
             continue
         args = _args(source, m.end())
         if not args:
             continue
         msg = args if macro in NO_COND else args[1:]
+        if macro in PRINTF_MACROS:
+            msg = msg[:1]  # the format; its arguments are its placeholders
         parts = []
         for a in msg:
             lits = CPP_STRING.findall(a)
@@ -184,45 +202,147 @@ def mine_cpp(source: str, rel: str) -> list[dict]:
             else:
                 parts.append("{}")
         text = re.sub(r"\s+", " ", "".join(parts).replace("\\n", " ").replace('\\"', '"')).strip()
+        if macro in PRINTF_MACROS:
+            text = PRINTF.sub("{}", text.replace("%%", "%"))
         if len(re.sub(r"\{\}|\W", "", text)) < 12:
             continue
+        if macro == "WARN":  # NCCL's WARN: a log line "host:pid:tid [dev] NCCL WARN <message>"
+            text = "{host}:{pid}:{tid} [{dev}] NCCL WARN " + text
         line = source.count("\n", 0, m.start()) + 1
         found.append({"template": text, "kind": CPP_KIND.get(macro, "RuntimeError"), "source": f"{rel}:{line}"})
+    return found
+
+
+PRINTF_MACROS = {"WARN", "LogPrintfError", "LogError"}
+# an error-string table: `case ncclSystemError: return "unhandled system error ...";`
+CASE_RETURN = re.compile(r'case\s+(\w+)\s*:\s*(?:\{\s*)?return\s+"((?:[^"\\\n]|\\.)+)"\s*;')
+# how a runtime's error string reaches a user's log: torch and the libraries put it behind these words
+TABLE_FORM = {"nccl": ("NCCL error in: {file}:{line}, ", ", NCCL version {version}",
+                       "torch.distributed.DistBackendError"),
+              "rocm-hip": ("HIP error: ", "", "torch.AcceleratorError")}
+
+
+def mine_table(source: str, rel: str, library: str) -> list[dict]:
+    """The messages of a runtime's error-string function (ncclGetErrorString, hipGetErrorString):
+    every `case X: return "text";` whose text is words, not the enum's name."""
+    before, after, kind = TABLE_FORM[library]
+    found = []
+    for f in ERROR_STRING_FN.finditer(source):
+        end = source.find("\n}", f.end())
+        found += _table(source, f.end(), end if end > 0 else len(source), rel, before, after, kind)
+    return found
+
+
+# the runtime's own function: ncclGetErrorString, hipGetErrorString / ihipGetErrorString (not a plugin's)
+ERROR_STRING_FN = re.compile(r"\b(?:nccl|i?hip)GetErrorString\s*\([^)]*\)\s*\{")
+
+
+def _table(source: str, start: int, end: int, rel: str, before: str, after: str, kind: str) -> list[dict]:
+    found = []
+    for m in CASE_RETURN.finditer(source, start, end):
+        text = m.group(2).replace('\\"', '"')
+        if " " not in text or len(re.sub(r"\W", "", text)) < 8:
+            continue
+        found.append({"template": before + text + after, "kind": kind, "name": m.group(1),
+                      "source": f"{rel}:{source.count(chr(10), 0, m.start()) + 1}"})
+    return found
+
+
+def mine_cudart(path: str) -> list[dict]:
+    """cudaGetErrorString's texts, read from the CUDA runtime library a wheel ships
+    (nvidia-cuda-runtime-cu12: nvidia/cuda_runtime/lib/libcudart.so.12): the printable strings
+    between its "no error" and "startup failure in cuda runtime" entries that are not an enum
+    name, as torch prints them ("CUDA error: <text>")."""
+    data = Path(path).read_bytes()
+    strings = [b.decode("ascii") for b in re.findall(rb"[\x20-\x7e]{4,}", data)]
+    try:
+        start, end = strings.index("no error"), strings.index("startup failure in cuda runtime")
+    except ValueError:
+        raise SystemExit(f"{path}: no cudaGetErrorString table found") from None
+    found, seen = [], set()
+    for i, text in enumerate(strings[start + 1:end + 1], start + 1):
+        if re.fullmatch(r"cuda\w+", text) or text in seen or " " not in text:
+            continue
+        seen.add(text)
+        found.append({"template": "CUDA error: " + text, "kind": "torch.AcceleratorError",
+                      "source": f"{Path(path).name}:string {i - start}"})
     return found
 
 
 # --- classification ---------------------------------------------------------------------------
 
 # (category, regex): the first that matches the template labels it; the order puts the
-# specific before the generic.
+# specific before the generic. Each is a family of the message's meaning (memory, driver,
+# kernel, device, dtype, communication words), not one library's sentence.
 CLASSES = [
     ("amp-deprecated-api", r"torch\.cuda\.amp\.\w+\(args\.\.\.\) is deprecated|`?torch\.cuda\.amp\.\w+.{0,40}deprecated"),
     ("fp16-gradient-unscale", r"unscale FP16 gradients"),
     ("autocast-unsafe-op", r"unsafe to autocast"),
     ("fp16-value-overflow", r"without overflow"),
-    ("out-of-memory", r"out of memory|OutOfMemory|CUBLAS_STATUS_ALLOC_FAILED|Allocation on device"),
-    ("host-out-of-memory", r"DefaultCPUAllocator|can't allocate memory"),
-    ("no-kernel-image", r"no kernel image|not compatible with the current PyTorch installation"),
-    ("driver-too-old", r"driver (?:on your system )?is too old|driver version is insufficient|update your (?:GPU |NVIDIA )?driver"),
+    ("host-out-of-memory", r"DefaultCPUAllocator|can't allocate memory|(?i:host memory|pinned memory|CPU memory)"
+                           r".{0,40}(?:fail|exhaust|not enough|insufficient)|(?i:fail\w* (?:allocation|to allocate) "
+                           r"host memory)"),
+    ("out-of-memory", r"out of memory|OutOfMemory|CUBLAS_STATUS_ALLOC_FAILED|Allocation on device|"
+                      r"(?i:(?:not enough|insufficient|no more) (?:GPU |device |free |VRAM )?memory|"
+                      r"(?:couldn't|could not|cannot|can't|unable to|failed to) allocate (?:\w+ ){0,3}"
+                      r"(?:memory|on (?:the )?device|buffer|workspace)|memory (?:allocation )?(?:exhausted|failure)|"
+                      r"exceeds? (?:the )?(?:available|allowed|device|GPU) memory)"),
+    ("no-kernel-image", r"no kernel image|not compatible with the current PyTorch installation|"
+                        r"device kernel image is invalid|invalid device function|PTX JIT compilation failed|"
+                        r"Unable to find code object|hipErrorNoBinaryForGpu|no binary for (?:the )?GPU"),
+    ("driver-too-old", r"(?i:driver (?:on your system )?is too old|driver version is insufficient|"
+                       r"update your (?:GPU |NVIDIA )?driver|PTX was compiled with an unsupported toolchain|"
+                       r"not supported in the installed CUDA driver|unsupported display driver / cuda driver|"
+                       r"forward compatibility was attempted|requires? (?:a )?newer (?:NVIDIA |CUDA |GPU )?driver|"
+                       r"driver .{0,30}(?:older|too old) than)"),
+    ("cuda-library-missing", r"cannot open shared object|libcudart|libnccl|libcudnn|undefined symbol|"
+                             r"PTX JIT compiler library not found|(?i:CUDA Toolkit headers not found|"
+                             r"could not (?:find|load|locate) (?:the )?(?:CUDA|cuDNN|cuBLAS|NCCL|NVRTC|nvJitLink) "
+                             r"(?:library|runtime|toolkit))"),
     ("cuda-unavailable", r"not compiled with CUDA|No CUDA GPUs|Found no NVIDIA driver|CUDA is not available|"
-                         r"requires a GPU|no (?:CUDA|GPU) (?:device|available)|Cannot re-initialize CUDA"),
-    ("fp8-unsupported", r"\bfp8\b|\bFP8\b|float8|Float8|TransformerEngine|transformer_engine|MS-AMP|msamp"),
+                         r"requires a GPU\b(?! with)|no (?:CUDA|GPU) (?:device|available)|Cannot re-initialize (?:CUDA|XPU)|"
+                         r"no (?:CUDA|ROCm)-capable device is detected|device\(s\) is/are busy or unavailable|"
+                         r"invalid device ordinal|CUDA driver is a stub library|"
+                         r"(?i:no (?:GPU|GPUs|accelerator) (?:found|detected|available))"),
+    # fp8 refused by the hardware, the build or a missing backend (an fp8 kernel's internal argument
+    # checks, "requires rowwise usage", are not a user's precision choice failing)
+    ("fp8-unsupported", r"(?i:(?:\bfp8\b|float8|mxfp8|nvfp4|mxfp4|\bfp4\b|MS-AMP|msamp|TransformerEngine|"
+                        r"transformer_engine).{0,80}(?:not supported (?:on|by) (?:this |the |your )?(?:GPU|device|"
+                        r"hardware|architecture|platform|CPU|MPS|XPU)|(?:requires?|only supported on|only available on|"
+                        r"needs?) (?:an? |the )?(?:\w+ ){0,2}(?:GPU|CUDA(?! tensors?)|device|Hopper|Blackwell|Ada|H100|sm_?\d|SM ?\d|"
+                        r"compute capability|architecture)|compute capability|architectures? [<>]|\bsm_?\d{2,3}|"
+                        r"\bSM ?\d{2,3}|Hopper|Blackwell|not installed|pip install|is not available|cannot be used)|"
+                        r"(?:compute capability|\bsm_?\d{2,3}\+?|Hopper|Blackwell|install|requires a GPU).{0,80}"
+                        r"(?:\bfp8\b|float8|mxfp8|nvfp4|MS-AMP|TransformerEngine|transformer_engine))"),
     ("bf16-unsupported", r"(?i)(?:bf16|bfloat16).{0,60}(?:not supported|only supported|requires|compute capability|native)"),
-    ("flash-attention-unsupported", r"(?i)flash.?attention|flash_attn|No available kernel|scaled_dot_product|sdpa"),
-    ("fp16-unsupported-device", r"(?i)(?:fp16|half|float16).{0,60}(?:requires a GPU|only (?:be )?(?:supported|used|available) (?:on|with) (?:GPU|CUDA)|not supported on (?:CPU|MPS|XPU|TPU|this device))"),
+    ("flash-attention-unsupported", r"(?i)flash.?attention|flash_attn|No available kernel|scaled_dot_product|sdpa|"
+                                    r"memory_efficient_attention|No operator found for"),
+    ("fp16-unsupported-device", r"(?i)(?:fp16|half|float16).{0,60}(?:requires a GPU|only (?:be )?(?:supported|used|available) (?:on|with) (?:GPU|CUDA)|not supported on (?:CPU|MPS|XPU|TPU|this device))|"
+                                r"does not support autocast"),
     ("half-op-not-implemented", r"not implemented for '?(?:Half|BFloat16)|\" not implemented for"),
-    ("cublas-cudnn-failure", r"CUBLAS_STATUS|CUDNN_STATUS|cuDNN error|cublas\w* failed|cuBLAS|cudnn\w* failed"),
-    ("cuda-kernel-fault", r"device-side assert|illegal memory access|illegal instruction|misaligned address|unspecified launch failure"),
-    ("cuda-library-missing", r"cannot open shared object|libcudart|libnccl|libcudnn|undefined symbol"),
+    ("version-incompatible", r"(?i)requires? (?:cuBLAS|cuDNN|cuBLASLt|NCCL|CUDA) (?:version )?[<>=]*\s*\d|"
+                             r"(?:cuBLAS|cuDNN) (?:version )?\d[\d.]*\+? (?:or (?:newer|later|above)|is required)"),
+    # cuBLAS / cuDNN refusing or failing a call (a library's own shape checks around its GEMM are not)
+    ("cublas-cudnn-failure", r"CUBLAS_STATUS|CUDNN_STATUS|cuDNN error|cublas\w* failed|cudnn\w* failed|"
+                             r"(?i:Unable to find (?:a )?suitable cuBLAS|cuBLAS(?:Lt|Mp)? Error:|cuDNN Error:)"),
+    ("cuda-kernel-fault", r"device-side assert|illegal memory access|illegal instruction|misaligned address|"
+                          r"unspecified launch failure|hardware stack error|invalid program counter|"
+                          r"launch timed out and was terminated|uncorrectable (?:ECC|NVLink) error|"
+                          r"Invalid access of peer GPU memory|operation not supported on global/shared address space|"
+                          r"too many resources requested for launch|page fault|PROTECTION_FAULT|"
+                          r"(?i:GPU (?:has )?(?:fallen off the bus|hang|reset))"),
     ("loss-scale-overflow", r"(?i)loss scale|Gradient overflow|skipping step"),
     ("non-finite-values", r"(?i)\bnan\b|\binf\b.{0,30}(?:loss|grad|value)|non-finite|nonfinite|not finite"),
     ("distributed-communication", r"\bNCCL\b|\bnccl\b|\bgloo\b|Gloo|ProcessGroup|process group|collective|rendezvous|"
-                                  r"Watchdog|\bHCCL\b|\bRCCL\b|all_reduce|allreduce|barrier"),
+                                  r"Watchdog|\bHCCL\b|\bRCCL\b|all_reduce|allreduce|barrier|\bXCCL\b"),
     ("device-mismatch", r"(?i)same device|on the same device|different devices|device mismatch|expected device|"
-                        r"to be on (?:the )?(?:same|cuda|cpu|device)|should be on|must be on (?:the )?(?:same|cuda|cpu)"),
-    ("dtype-mismatch", r"(?i)same dtype|expected scalar type|dtype mismatch|must have the same (?:dtype|type)|"
+                        r"to be on (?:the )?(?:same|cuda|cpu|device)|should be on|must be on (?:the )?(?:same|cuda|cpu)|"
+                        r"must be (?:a |of type |on |on a |an? \w+ )?(?:CUDA|GPU)(?: tensors?| device)?\b|is_cuda|"
+                        r"(?:only supports?|expects?|expected) (?:\w+ ){0,2}(?:CUDA|GPU) tensors?"),
+    ("dtype-mismatch", r"(?i)same dtype|same data ?type|expected scalar type|dtype mismatch|must have the same (?:dtype|type)|"
                        r"expected (?:both|all) .{0,30}(?:dtype|type)|to have the same dtype|"
-                       r"\b(?:Half|Float|BFloat16)Tensor\)|expected .{0,40}(?:dtype|type) .{0,20}(?:but|got)"),
+                       r"\b(?:Half|Float|BFloat16)Tensor\)|expected .{0,40}(?:dtype|type) .{0,20}(?:but|got)|"
+                       r"has dtype=?.{0,10}, but expected dtype"),
     ("accelerate-config", r"(?i)(?:mixed_precision|mixed precision|deepspeed|fsdp|zero stage|zero_optimization|"
                           r"train_batch_size|micro_batch).{0,120}(?:must|cannot|can't|not supported|mismatch|"
                           r"requires|only|incompatible|conflict|should be|is not compatible)|"
@@ -237,19 +357,45 @@ CLASSES_RE = [(c, re.compile(r)) for c, r in CLASSES]
 SUBJECT = re.compile(r"(?i)cuda|gpu|device|fp16|bf16|half|bfloat|float16|float8|fp8|dtype|precision|autocast|amp\b|"
                      r"scaler|memory|kernel|driver|nccl|gloo|hccl|distributed|rank|collective|cudnn|cublas|"
                      r"deepspeed|fsdp|flash|sdpa|attention|nan\b|overflow|\bmps\b|\bxpu\b|rocm|hip\b|triton|"
-                     r"quantiz|int8|4bit|8bit|bitsandbytes|compute capability|sm_\d")
+                     r"quantiz|int8|4bit|8bit|bitsandbytes|compute capability|sm_\d|allocat|launch|ptx|ecc\b|"
+                     r"nvlink|ampere|hopper|blackwell|mxfp|nvfp4|\bfp4\b|page fault|xccl")
+# A fused-attention library's refusal of a GPU generation or a dtype is the kernel refusing
+# (flash-attention-unsupported), wherever its sentence does not say "attention".
+ATTENTION_LIBS = {"flash-attn", "xformers"}
+REFUSAL = re.compile(r"(?i)(?:only supports?|requires?|is only supported|only (?:works|runs|available)|"
+                     r"not supported|unsupported|needs?)\b.{0,60}(?:fp16|bf16|float16|bfloat16|half|Ampere|Hopper|"
+                     r"Blackwell|Turing|Volta|Ada|\bsm_?\d{2,3}|\bSM ?\d{2,3}|compute capability|GPUs? or newer|"
+                     r"GPU architecture|arch\b|gfx\d+)|(?:Ampere|Hopper|Turing|Blackwell|GPU) (?:GPUs? )?or newer")
+ARCH = re.compile(r"(?i)(?:requires?|only (?:supports?|supported|available|runs|works)|not supported|unsupported|"
+                  r"needs?)\b.{0,50}(?:\bsm_?\d{2,3}\+?|\bSM ?\d{2,3}\+?|compute capability|Ampere|Hopper|"
+                  r"Blackwell|Ada|GPUs? or newer|gfx\d+)|(?i:Unsupported (?:compute capability|GPU architecture|arch))")
+# an index or argument dtype (int32 sequence lengths, a bool mask) is the caller's argument, not precision
+INDEX_DTYPE = re.compile(r"(?i)must (?:have|be of) (?:dtype|type) (?:torch\.)?(?:int32|int64|long|int|bool|uint8)\b|"
+                         r"dtype (?:torch\.)?(?:int32|int64)\b")
 
 
 def classify(template: str, library: str) -> str:
     if not SUBJECT.search(template):
         return "not ours"
+    if re.search(r"(?i)is not installed|pip install|not available\. ?Please install|is required for|"
+                 r"requires? (?:the )?\w+ (?:package|library) to be installed", template) \
+            and not re.search(r"(?i)fp8|float8|TransformerEngine|transformer_engine|MS-AMP|flash", template):
+        return "not ours"  # a missing optional package: the user's choice, not a precision fault
+    if INDEX_DTYPE.search(template):
+        return "not ours"
+    if library in ATTENTION_LIBS and REFUSAL.search(template):
+        return "flash-attention-unsupported"
     for cat, rx in CLASSES_RE:
         if rx.search(template):
+            if cat == "distributed-communication" and ARCH.search(template):
+                return "no-kernel-image"  # a communication kernel built for newer GPUs than this one
             if cat == "accelerate-config" and library not in {"accelerate", "transformers", "deepspeed", "lightning", "peft"}:
                 continue
-            if rx.pattern and re.search(r"(?i)is not installed|pip install|not available\. ?Please install", template):
-                return "not ours"  # a missing optional package: the user's choice, not a precision fault
             return cat
+    if ARCH.search(template):  # a kernel built for other GPUs refusing this one
+        if re.search(r"(?i)attention", template):
+            return "flash-attention-unsupported"
+        return "fp8-unsupported" if re.search(r"(?i)fp8|float8|mxfp|nvfp4|\bfp4\b", template) else "no-kernel-image"
     return "not ours"
 
 
@@ -276,19 +422,62 @@ def installed(library: str) -> tuple[str, list[tuple[str, str]]]:
     return version, [(str(site / rel), kind) for rel, kind in files]
 
 
-def from_git(gitdir: str) -> tuple[str, list[tuple[str, str]], callable]:
+# library -> (public repository, version file at HEAD, the regex whose groups joined by "." are the version)
+REPOS = {
+    "deepspeed": ("deepspeedai/DeepSpeed", "version.txt", r"(\S+)"),
+    "bitsandbytes": ("bitsandbytes-foundation/bitsandbytes", "bitsandbytes/__init__.py", r'__version__ = "([^"]+)"'),
+    "peft": ("huggingface/peft", "src/peft/__init__.py", r'__version__ = "([^"]+)"'),
+    "diffusers": ("huggingface/diffusers", "src/diffusers/__init__.py", r'__version__ = "([^"]+)"'),
+    "xformers": ("facebookresearch/xformers", "version.txt", r"(\S+)"),
+    "flash-attn": ("Dao-AILab/flash-attention", "flash_attn/__init__.py", r'__version__ = "([^"]+)"'),
+    "torchao": ("pytorch/ao", "version.txt", r"(\S+)"),
+    "transformer-engine": ("NVIDIA/TransformerEngine", "build_tools/VERSION.txt", r"(\S+)"),
+    "comfyui": ("Comfy-Org/ComfyUI", "comfyui_version.py", r'__version__ = "([^"]+)"'),
+    "nccl": ("NVIDIA/nccl", "makefiles/version.mk",
+             r"NCCL_MAJOR\s*:=\s*(\d+)\s+NCCL_MINOR\s*:=\s*(\d+)\s+NCCL_PATCH\s*:=\s*(\d+)"),
+    "rocm-hip": ("ROCm/clr", "", ""),  # no version file: the commit and its date
+}
+CPP_EXT = (".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp", ".cxx")
+REPO_SKIP = re.compile(r"(?:^|/)(?:third_party|3rdparty|cutlass|tests?|testing|benchmarks?|examples?|docs?|"
+                       r"samples?|tools?|hipify|_vendor|vendor|opencl|khronos|elf)/")
+
+
+def from_git(gitdir: str, library: str = "") -> tuple[str, list[tuple[str, str]], callable]:
     def git(*a: str) -> str:
-        return subprocess.run(["git", "--git-dir", gitdir, *a], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(["git", "--git-dir", gitdir, *a], capture_output=True, text=True, check=True,
+                              errors="replace").stdout
 
     version = git("describe", "--tags", "--always").strip()
-    names = [n for n in git("ls-tree", "-r", "--name-only", "HEAD").splitlines()
-             if n.endswith(".py") and not SKIP_DIRS.search("/" + n) and not n.startswith(("tests/", "docs/", "examples/"))]
-    return version, [(n, "py") for n in names], lambda n: git("show", f"HEAD:{n}")
+    if library in REPOS:
+        _repo, vfile, rx = REPOS[library]
+        try:
+            m = re.search(rx, git("show", f"HEAD:{vfile}")) if vfile else None
+        except subprocess.CalledProcessError:
+            m = None
+        date = git("log", "-1", "--format=%cs", "HEAD").strip()
+        version = f"{'.'.join(m.groups()) + ' ' if m else ''}(git {version}, {date})"
+    files = []
+    for n in git("ls-tree", "-r", "--name-only", "HEAD").splitlines():
+        if SKIP_DIRS.search("/" + n) or REPO_SKIP.search(n):
+            continue
+        if n.endswith(".py"):
+            files.append((n, "py"))
+        elif n.endswith(CPP_EXT):
+            files.append((n, "cpp"))
+
+    def read(n: str) -> str:
+        try:
+            return git("show", f"HEAD:{n}")
+        except subprocess.CalledProcessError:
+            return ""  # a file the snapshot lists but does not hold (a large one left out)
+
+    return version, files, read
 
 
 def dump(library: str, version: str, origin: str, entries: list[dict]) -> str:
     def q(s: str) -> str:
-        return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\t", " ") + '"'
+        s = s.replace("\\", "\\\\").replace('"', '\\"')
+        return '"' + re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\u{ord(m.group(0)):04x}", s) + '"'
 
     lines = ["# Mined by scripts/mine_catalogue.py: do not edit by hand (corrections go to review.toml).",
              f'library = {q(library)}', f'version = {q(version)}', f'origin = {q(origin)}', ""]
@@ -502,6 +691,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo", action="append", default=[], metavar="NAME=GITDIR",
                     help="also mine a fetched repository's Python files at HEAD")
     ap.add_argument("--only", action="append", default=[], help="only these installed libraries")
+    ap.add_argument("--cudart", metavar="LIBCUDART",
+                    help="also mine cudaGetErrorString's texts from a libcudart.so (the nvidia-cuda-runtime-cu12 "
+                         "wheel's nvidia/cuda_runtime/lib/libcudart.so.12), with --cudart-version")
+    ap.add_argument("--cudart-version", default="", help="the wheel's version, recorded with its messages")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--relabel", action="store_true",
                     help="only label the catalogue's messages again (classify() and review.toml), mining nothing")
@@ -536,12 +729,26 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{library}.toml").write_text(dump(library, version, "installed wheel", entries), encoding="utf-8")
         print(f"{library} {version}: {len(entries)} messages, "
               f"{sum(e['category'] != 'not ours' for e in entries)} relevant", file=sys.stderr)
+    if args.cudart:
+        entries = label("cuda-runtime", mine_cudart(args.cudart), review)
+        (out / "cuda-runtime.toml").write_text(
+            dump("cuda-runtime", args.cudart_version or "unknown",
+                 "libcudart.so from the nvidia-cuda-runtime-cu12 wheel (its cudaGetErrorString table), "
+                 "as torch prints it: 'CUDA error: <text>'", entries), encoding="utf-8")
+        print(f"cuda-runtime: {len(entries)} messages, "
+              f"{sum(e['category'] != 'not ours' for e in entries)} relevant", file=sys.stderr)
     for spec in args.repo:
         library, _, gitdir = spec.partition("=")
-        version, files, read = from_git(gitdir)
+        version, files, read = from_git(gitdir, library)
         entries = []
-        for name, _kind in files:
-            entries += mine_python(read(name), name)
+        for name, kind in files:
+            text = read(name)
+            if kind == "py":
+                entries += mine_python(text, name)
+            else:
+                entries += mine_cpp(text, name, library)
+                if library in TABLE_FORM and "ErrorString" in text:
+                    entries += mine_table(text, name, library)
         entries = label(library, entries, review)
         (out / f"{library}.toml").write_text(dump(library, version, "public repository at HEAD (git describe)", entries),
                                              encoding="utf-8")

@@ -40,10 +40,14 @@ def add_arguments(p: Any) -> None:
     rc = rsub.add_parser("coverage", help="how many of the libraries' own messages explain recognises",
                          description="Render every relevant message of the mined catalogue (catalogue/*.toml,\n"
                                      "made by scripts/mine_catalogue.py) into a concrete log line, explain it,\n"
-                                     "and count the ones whose first finding has the catalogue's category.",
+                                     "and count the ones whose first finding has the catalogue's category,\n"
+                                     "split by whether a hand-written rule or a generated catch-all\n"
+                                     "(rules/log/*/catalogue-*.toml) recognised it.",
                          formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     rc.add_argument("--catalogue", metavar="DIR", help="the catalogue folder (default: the checkout's catalogue/)")
     rc.add_argument("--misses", action="store_true", help="also list every relevant message not recognised")
+    rc.add_argument("--forms", action="store_true",
+                    help="also explain each message damaged as pastes are (rank prefixes, timestamps, wrapped)")
     add_output_options(rc, formats=("terminal", "json"), report_options=False)
     p.set_defaults(_rules_parser=p)
 
@@ -302,29 +306,66 @@ _FILL = [
     (r"(?i)(?:backend)\W{0,3}$", "nccl"),
     (r"(?i)(?:shape|size|sizes)\W{0,3}$", "[4, 4096]"),
     (r"(?i)(?:capability)\W{0,3}$", "7.5"),
+    (r"(?i)(?:flash attention|flash_attention_|FlashAttention)\W{0,3}$", "2"),
 ]
+# a named placeholder the miner wrote itself ({host}:{pid}:{tid} [{dev}] NCCL WARN, NCCL's {file}:{line})
+_NAMED = {"host": "gpu-node-3", "pid": "48211", "tid": "48377", "dev": "0", "file": "/pytorch/torch/csrc/"
+          "distributed/c10d/NCCLUtils.cpp", "line": "77", "version": "2.21.5"}
+# The damaged forms a paste of the message takes, each one the normaliser reads back
+# (mpdoctor/logs/normalize.py): "plain" is the message as the library prints it.
+FORMS = ("plain", "rank", "timestamp", "wrapped")
 
 
-def render_template(template: str, kind: str) -> str:
+def render_template(template: str, kind: str, form: str = "plain") -> str:
     """A mined template as a user's log would show it: its placeholders filled with
-    plausible values and the exception's (or warning's) name in front."""
+    plausible values, the exception's (or warning's) name in front, in one of FORMS:
+    every line behind torchrun's "[rank1]: ", behind a logging timestamp, or the
+    message folded as rich prints it (after a traceback box, or behind RichHandler)."""
     import re
 
     out, pos = [], 0
     for m in re.finditer(r"\{[^{}]{0,60}\}", template):
         before = template[max(0, m.start() - 40):m.start()]
-        value = "4"
-        for rx, v in _FILL:
-            if re.search(rx, before):
-                value = v
+        value = _NAMED.get(m.group(0)[1:-1], "")
+        if not value:
+            value = "4"
+            for rx, v in _FILL:
+                if re.search(rx, before):
+                    value = v
         out.append(template[pos:m.start()] + value)
         pos = m.end()
     text = "".join(out) + template[pos:]
+    exception = kind not in ("warning", "log-error") and not kind.endswith("Warning")
     if kind in ("warning", "log-error"):
-        return f"/usr/lib/python3/site-packages/lib/module.py:42: UserWarning: {text}" if kind == "warning" else text
-    if kind.endswith("Warning"):
-        return f"/usr/lib/python3/site-packages/lib/module.py:42: {kind}: {text}"
-    return f"Traceback (most recent call last):\n  File \"train.py\", line 10, in <module>\n    main()\n{kind}: {text}"
+        text = f"/usr/lib/python3/site-packages/lib/module.py:42: UserWarning: {text}" if kind == "warning" else text
+    elif kind.endswith("Warning"):
+        text = f"/usr/lib/python3/site-packages/lib/module.py:42: {kind}: {text}"
+    if form == "wrapped":
+        return _rich_wrapped(f"{kind}: {text}" if exception else text, exception)
+    if exception:
+        text = f"Traceback (most recent call last):\n  File \"train.py\", line 10, in <module>\n    main()\n{kind}: {text}"
+    if form == "rank":
+        return "\n".join("[rank1]: " + line for line in text.splitlines())
+    if form == "timestamp":
+        return "\n".join(f"2026-03-04 12:{i % 60:02d}:07,512 - ERROR - {line}" for i, line in enumerate(text.splitlines()))
+    return text
+
+
+def _rich_wrapped(text: str, exception: bool, width: int = 80) -> str:
+    """The message as rich prints it in a terminal: an exception after its traceback box,
+    folded at the box's width; a logged line behind RichHandler's time and level, folded
+    with its continuation lines under the message's first column."""
+    import textwrap
+
+    if exception:
+        title = " Traceback (most recent call last) "
+        side = (width - 2 - len(title)) // 2
+        top = "╭" + "─" * side + title + "─" * (width - 2 - side - len(title)) + "╮"
+        body = [f"│ {line:<{width - 4}} │" for line in ("/home/user/train.py:10 in <module>", "", "❱ 10 │   main()")]
+        return "\n".join([top, *body, "╰" + "─" * (width - 2) + "╯", *textwrap.wrap(text, width)])
+    head = "[12:00:07] WARNING  "
+    lines = textwrap.wrap(text, width - len(head))
+    return "\n".join([head + lines[0], *(" " * len(head) + line for line in lines[1:])])
 
 
 def catalogue_dir(path: "str | None" = None) -> Any:
@@ -347,14 +388,27 @@ def load_catalogue(folder: Any) -> list[dict[str, str]]:
     return out
 
 
-def judge_message(message: dict[str, str], rules: list[Rule]) -> tuple[bool, str]:
-    """(recognised, the top finding's category or '-'): recognised when explain's first
-    finding on the rendered message has the catalogue's category."""
+def judge(message: dict[str, str], rules: list[Rule], form: str = "plain") -> tuple[bool, str, str]:
+    """(recognised, the top finding's category or '-', its rule id or '-'): recognised when
+    explain's first finding on the rendered message has the catalogue's category."""
     from ..logs.explain import explain_text
 
-    report = explain_text(render_template(message["template"], message["kind"]), rules)
-    top = report.findings[0].category if report.findings else "-"
-    return top == message["category"], top
+    report = explain_text(render_template(message["template"], message["kind"], form), rules)
+    if not report.findings:
+        return False, "-", "-"
+    top = report.findings[0]
+    return top.category == message["category"], top.category, top.rule
+
+
+def judge_message(message: dict[str, str], rules: list[Rule]) -> tuple[bool, str]:
+    ok, top, _rule = judge(message, rules)
+    return ok, top
+
+
+def catch_all(rule_id: str) -> bool:
+    """A rule scripts/mine_catalogue.py --rules generated, quoting the messages no
+    hand-written rule knows (rules/log/<category>/catalogue-*.toml)."""
+    return rule_id.startswith("catalogue-")
 
 
 def _rules_coverage(rules: list[Rule], args: Namespace) -> int:
@@ -366,35 +420,56 @@ def _rules_coverage(rules: list[Rule], args: Namespace) -> int:
     except (OSError, ValueError, KeyError) as exc:
         return fail(f"bad catalogue in {folder}: {exc}")
     log_rules = [r for r in rules if r.kind == "log"]
+    forms = FORMS if getattr(args, "forms", False) else ("plain",)
+    # each row: [by a hand-written rule, by a generated catch-all, relevant]
     by_lib: dict[str, list[int]] = {}
     by_cat: dict[str, list[int]] = {}
+    by_form: dict[str, list[int]] = {}
     misses = []
     for m in messages:
-        ok, top = judge_message(m, log_rules)
-        for table, key in ((by_lib, f"{m['library']} {m['version']}"), (by_cat, m["category"])):
-            row = table.setdefault(key, [0, 0])
-            row[0] += ok
-            row[1] += 1
-        if not ok:
-            misses.append({**m, "top": top})
-    total = sum(r[0] for r in by_lib.values()), len(messages)
+        for form in forms:
+            ok, top, rule_id = judge(m, log_rules, form)
+            keys = [(by_form, form)]
+            if form == "plain":
+                keys += [(by_lib, m["library"]), (by_cat, m["category"])]
+            for table, key in keys:
+                row = table.setdefault(key, [0, 0, 0])
+                row[1 if ok and catch_all(rule_id) else 0] += ok
+                row[2] += 1
+            if not ok and form == "plain":
+                misses.append({**m, "top": top})
+    versions = {m["library"]: m["version"] for m in messages}
+    hand = sum(r[0] for r in by_lib.values())
+    gen = sum(r[1] for r in by_lib.values())
+    total = len(messages)
+
+    def rows(table: dict[str, list[int]]) -> dict[str, dict[str, int]]:
+        return {k: {"recognised": a + b, "by_hand_written_rule": a, "by_catch_all": b, "relevant": n}
+                for k, (a, b, n) in sorted(table.items())}
+
     if args.format == "json":
-        _write_json({"schema": "mpdoctor.rules-coverage/1", "recognised": total[0], "relevant": total[1],
-                     "libraries": {k: {"recognised": a, "relevant": b} for k, (a, b) in sorted(by_lib.items())},
-                     "categories": {k: {"recognised": a, "relevant": b} for k, (a, b) in sorted(by_cat.items())},
+        _write_json({"schema": "mpdoctor.rules-coverage/2", "recognised": hand + gen, "relevant": total,
+                     "by_hand_written_rule": hand, "by_catch_all": gen,
+                     "libraries": {k: {**v, "version": versions[k]} for k, v in rows(by_lib).items()},
+                     "categories": rows(by_cat), "forms": rows(by_form),
                      "misses": [{k: m[k] for k in ("library", "category", "template", "source", "top")}
                                 for m in misses] if args.misses else []})
         return EXIT_OK
 
-    def table(title: str, rows: dict[str, list[int]]) -> list[str]:
-        lines = [title]
-        for k, (a, b) in sorted(rows.items()):
-            lines.append(f"  {k:<44} {a:>5} / {b:<5} {100 * a / b:5.1f}%")
+    def table(title: str, t: dict[str, list[int]], label=lambda k: k) -> list[str]:
+        lines = [f"{title:<46} {'recognised':>16} {'hand-written':>13} {'catch-all':>10}"]
+        for k, (a, b, n) in sorted(t.items()):
+            lines.append(f"  {label(k)[:44]:<44} {a + b:>5} / {n:<5} {100 * (a + b) / n:5.1f}% "
+                         f"{100 * a / n:12.1f}% {100 * b / n:9.1f}%")
         return lines
 
-    lines = table("per library", by_lib) + table("per category", by_cat)
-    pct = 100 * total[0] / total[1] if total[1] else 100.0
-    lines.append(f"recognised {total[0]} / {total[1]} relevant templates ({pct:.1f}%)")
+    lines = table("per library", by_lib, lambda k: f"{k} {versions[k]}") + table("per category", by_cat)
+    if len(forms) > 1:
+        lines += table("per form (the same messages, damaged as pastes are)", by_form)
+    pct = 100 * (hand + gen) / total if total else 100.0
+    lines.append(f"recognised {hand + gen} / {total} relevant templates ({pct:.1f}%): "
+                 f"{hand} by a hand-written rule ({100 * hand / max(total, 1):.1f}%), "
+                 f"{gen} only by a generated catch-all quoting the message ({100 * gen / max(total, 1):.1f}%)")
     if args.misses:
         lines.append("not recognised:")
         lines += [f"  [{m['library']}] {m['category']} (top: {m['top']}): {m['template'][:160]}  ({m['source']})"

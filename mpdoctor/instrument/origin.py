@@ -373,11 +373,37 @@ def describe(odd: Candidate, frames: list[Any], exc: BaseException | None, recor
             if maker:
                 rec["maker"] = maker
             if "kind" not in rec:
-                rec["kind"] = kind
+                called = _called_module(code, f)
+                if called is not None:  # `t = teacher(x)`: a module the hooks did not watch
+                    cname, m = called
+                    rec.update(kind="module-output", module=cname, module_type=type(m).__name__,
+                               module_params=_param_counts(m))
+                    if any_opt:
+                        rec["in_optimizer"] = any(id(p) in opt_ids for p in m.parameters())
+                    if prepared or recorder.plan_tracker.accelerators:
+                        rec["prepared"] = id(m) in prepared
+                else:
+                    rec["kind"] = kind
     if "kind" not in rec and fn is not None and type(fn).__name__.startswith("ToCopyBackward"):
         rec["kind"] = "cast"
     rec.setdefault("kind", "unknown")
     return rec
+
+
+_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\(")
+
+
+def _called_module(code: str, frame: Any) -> tuple[str, Any] | None:
+    """The first name called on the right of `code` that is a module in `frame` (`self.x` too)."""
+    rhs = code.split("=", 1)[1] if "=" in code else code
+    for dotted in _CALL.findall(rhs):
+        head, *rest = dotted.split(".")
+        obj = frame.f_locals.get(head, frame.f_globals.get(head))
+        for attr in rest:
+            obj = getattr(obj, attr, None) if isinstance(obj, torch.nn.Module) else None
+        if isinstance(obj, torch.nn.Module):
+            return dotted, obj
+    return None
 
 
 def _module_frame(f: Any, frames: list[Any]) -> Any:

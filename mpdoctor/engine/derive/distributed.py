@@ -14,7 +14,7 @@ from typing import Any
 from ...knowledge.signals import signal_name
 from ...knowledge.units import gib, parse_size
 from . import deriver
-from .fit import FIT_FACTS, fit
+from .fit import FIT_FACTS, OOM_SITE_FACTS, fit, oom_site
 
 # --- numbers as messages print them ----------------------------------------------
 
@@ -295,7 +295,7 @@ def cudnn_snippet(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str
 # --- Apple MPS out-of-memory figures ------------------------------------------------
 
 
-@deriver("mps_oom", facts=("headroom", "max_allowed_bytes", "mps_allocated_bytes", "other_allocations_bytes", "other_share", "requested_bytes"))
+@deriver("mps_oom", facts=("headroom", "max_allowed_bytes", "mps_allocated_bytes", "other_allocations_bytes", "other_share", "requested_bytes") + OOM_SITE_FACTS)
 def mps_oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """What the MPS limit left: max allowed - PyTorch's allocations - everything else."""
     out: dict[str, Any] = {}
@@ -308,6 +308,7 @@ def mps_oom(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]
         out["headroom"] = gib(max(0, limit - alloc - other))
         if other > limit * 0.25:
             out["other_share"] = f"{100 * other / limit:.0f}%"
+    out.update(oom_site(facts))
     return out
 
 

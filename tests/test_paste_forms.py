@@ -188,3 +188,20 @@ def test_a_bracketed_line_number_gutter_is_taken_off():
     # bracketed process tags that do not count the lines are left alone
     tags = "\n".join(f"[{n}] {ln}" for n, ln in zip((0, 2, 1, 3), body))
     assert unquote(tags) == tags
+
+
+def test_a_paste_that_starts_inside_a_rich_box_is_read_as_the_box(rules):
+    # the box's top border was not pasted: its rows are still unwrapped, the folded path rejoined
+    text = ("│ /home/steve/.local/lib/python3.10/site-packages/accelerate/accel │\n"
+            "│ erator.py:355 in __init__                                        │\n"
+            "│                                                                  │\n"
+            "│    354 │   │   │   if not torch.cuda.is_available() and not pars │\n"
+            "│ ❱  355 │   │   │   │   raise ValueError(err.format(mod\n")
+    lines = [ln.text for ln in normalise(text) if ln.text.strip()]
+    assert lines[0] == "/home/steve/.local/lib/python3.10/site-packages/accelerate/accelerator.py:355 in __init__", lines
+    assert not any("│ " in ln[:2] for ln in lines)
+    top = explain_text(text, rules).findings[0]
+    assert (top.category, top.rule) == ("fp16-unsupported-device", "accelerate-fp16-gpu-check-cut")
+    # a rich table's rows (no path, no frame) are left as they are
+    table = "│ 0 │ model │ GPT │ 124 M │\n│ 1 │ head  │ Linear │ 38 M │\n"
+    assert [ln.text for ln in normalise(table) if ln.text] == table.splitlines()

@@ -1,5 +1,5 @@
 """Real pasted logs from public issue threads are diagnosed right: fixtures/logs/real/ and
-the two blind sets (fixtures/logs/blind1/, blind2/), each scored untouched before any rule
+the blind sets (fixtures/logs/blind1/ to blind4/), each scored untouched before any rule
 was tuned on it (the figures are in their MANIFEST.toml).
 
 Each entry of fixtures/logs/real/MANIFEST.toml names a log as its reporter pasted it, the
@@ -21,7 +21,7 @@ from mpdoctor.findings import CATEGORIES
 from mpdoctor.logs import explain_path
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
-SETS = ("real", "blind1", "blind2", "blind3")
+SETS = ("real", "blind1", "blind2", "blind3", "blind4")
 MANIFESTS = {name: tomllib.loads((LOGS / name / "MANIFEST.toml").read_text(encoding="utf-8"))["log"] for name in SETS}
 ROOT = LOGS / "real"
 MANIFEST = MANIFESTS["real"]
@@ -66,11 +66,27 @@ BLIND3_MISSES = {  # what the scorer printed (the pastes themselves were not rea
 }
 
 
+# blind4 (issue 21's second fresh set, 137 pastes) was scored untouched at c12cec5 (90/109 top-1, 1/28 false
+# alarms) and then worked on by class; what is left is a label other rules or sets disagree with, or a
+# rule another helper owns (the reasons are in the session's report).
+BLIND4_MISSES = {
+    "autocast-cuda-warning-kubin-win.log":
+        "said fp16-unsupported-device (autocast-disabled-no-cuda, warning): the same autocast warning is that rule's",
+    "xformers-cpu-torch-pia.log":
+        "said version-incompatible (xformers-built-for-other-torch): real/ labels the same +cpu form that way",
+    "nocuda-xformers-info-torch-cpu.log":
+        "said version-incompatible (xformers-built-for-other-torch): real/ labels the same +cpu form that way",
+    "nan-gradnorm-glm4-finetune.log":
+        "silent: one grad_norm nan as the last line; grad-norm-nan-repeated needs min_count 3 (survived.py covers 1)",
+}
+MISSES = {"blind3": BLIND3_MISSES, "blind4": BLIND4_MISSES}
+
+
 def _param(entry, name="real"):
     # A known miss carries its reason (`xfail = "..."`, usually an engine/normaliser limit);
     # strict, so the entry has to be updated the day it starts passing.
-    if name == "blind3" and entry["file"] in BLIND3_MISSES:
-        entry = {**entry, "xfail": BLIND3_MISSES[entry["file"]]}
+    if entry["file"] in MISSES.get(name, {}):
+        entry = {**entry, "xfail": MISSES[name][entry["file"]]}
     marks = [pytest.mark.xfail(reason=entry["xfail"], strict=True)] if "xfail" in entry else []
     return pytest.param(entry, name, id=f"{name}/" + entry["file"].removesuffix(".log"), marks=marks)
 

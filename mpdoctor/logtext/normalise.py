@@ -270,6 +270,11 @@ def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
                 return
             st.handler_line = None
         if stripped[:1] in "╭┏╔╰┗╚│┃║+|" and stripped:
+            if st.box is None and _headless_box_line(stripped):
+                # a paste that starts inside a rich traceback box (its top border cut off):
+                # read the box from here, at this line's width
+                flush_message(st)
+                st.box = _Box(width=len(stripped))
             if _box_line(st, body, no, rank, cleaned, stream, out, flush_box, flush_message):
                 return
         if st.message:
@@ -342,6 +347,18 @@ def _box_line(st: _Stream, body: str, no: int, rank: int | None, cleaned: str, s
         st.box.lines.append(LogLine(no, inner, rank, cleaned, stream))
         return True
     return False
+
+
+# A rich traceback box's own row: a frame ("path.py:355 in __init__", or its path folded at
+# the box edge: "/home/u/.../accelerate/accel"), or the marked source line ("❱ 355 │ raise ...").
+_TRACEBACK_BOX_ROW = LazyRe(r"^[│┃] (?:.{0,400}\.py:\d{1,7} in [\w<>]{1,80}|\s{0,6}❱ {0,3}\d{1,7} "
+                            r"|(?:[A-Za-z]:\\|/|~/)[\w.~\\/-]{20,}\s*[│┃]$)")
+
+
+def _headless_box_line(stripped: str) -> bool:
+    return (len(stripped) <= 400 and stripped[-1:] in "│┃"
+            and ("❱" in stripped or ".py:" in stripped or "/" in stripped or "\\" in stripped)
+            and _TRACEBACK_BOX_ROW.match(stripped) is not None)
 
 
 def _box_title(stripped: str) -> str | None:

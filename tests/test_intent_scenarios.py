@@ -147,3 +147,13 @@ def test_multi_gpu_config_without_cuda_check_says_it(tmp_path):
     f = next(f for f in json.loads(p.stdout)["findings"] if f["rule"] == "multi-gpu-config-no-cuda")
     assert f["severity"] == "error"
     assert "each would train alone" in f["title"]
+
+
+def test_env_fp16_with_lightning_bf16_is_not_read_as_the_intent(tmp_path):
+    # Lightning never reads ACCELERATE_MIXED_PRECISION: its precision= trained (bf16), and
+    # no finding may say "fp16 asked for, trained in fp32"
+    p, data = run(tmp_path, PY, str(SCENARIOS / "intent_env_fp16_lightning_bf16.py"), ACCELERATE_MIXED_PRECISION="fp16")
+    assert p.returncode == 0 and "CHECK precision 'bf16-mixed', ACCELERATE_MIXED_PRECISION='fp16'" in p.stdout
+    assert not any(f["severity"] in ("error", "warning") for f in data["findings"]), rules(data)
+    assert data["precision_plan"]["requested"] is None
+    assert data["precision_plan"]["autocast_dtype"] == "bfloat16"

@@ -224,7 +224,7 @@ class PlanTracker:
                     self.on_scaler_seen(scaler)
             except Exception as exc:
                 fail(exc)
-        if self.plan.requested is None and os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        if self.plan.requested is None and os.environ.get("ACCELERATE_MIXED_PRECISION") and _env_is_intent():
             self.plan.requested = os.environ["ACCELERATE_MIXED_PRECISION"]
         if self.plan.num_processes is None and os.environ.get("WORLD_SIZE"):
             self.plan.num_processes = int(os.environ["WORLD_SIZE"])
@@ -255,6 +255,15 @@ def intent_sources(acc: Any) -> list[dict[str, Any]]:
     if code:
         sources.append(code)
     return sources
+
+
+def _env_is_intent() -> bool:
+    """Whether ACCELERATE_MIXED_PRECISION can be what this process asked for, with no
+    Accelerator seen (one whose __init__ raised): only where accelerate's Accelerator is
+    loaded, and Lightning, which never reads the variable, is not training."""
+    if "accelerate.accelerator" not in sys.modules:
+        return False
+    return not any(m in sys.modules for m in ("lightning.pytorch", "pytorch_lightning"))
 
 
 def _parent_argv() -> list[str]:

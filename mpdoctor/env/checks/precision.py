@@ -67,8 +67,10 @@ def fp16_on_cpu(v: EnvView) -> Result:
         return early
     if v.device != "cpu":
         return []
-    if v.observed.get("observed_dtype") == "float16":
-        return []  # the run autocast in float16 itself (torch.autocast): accelerate was not in the way
+    if v.observed.get("observed_dtype") not in (None, "float32"):
+        # the run computed in float16 or bfloat16 itself (torch.autocast, Lightning's
+        # precision=, which never reads ACCELERATE_MIXED_PRECISION): it did not train in fp32
+        return []
     facts: dict[str, Any] = {"accelerate": v.accelerate, "torch_version": v.torch_version}
     ev = _requested_evidence(v)
     if v.use_cpu:

@@ -89,6 +89,8 @@ def _overrides(v: RunView, losers: tuple[str, ...], winners: tuple[str, ...]) ->
     if won not in winners:
         return []
     winner = next(s for s in sources if s["source"] == won)
+    if not _took(plan, winner):
+        return []
     device = plan.get("device")
     trained = _trained_in(winner["value"], device)
     for kind in losers:
@@ -110,6 +112,14 @@ def _overrides(v: RunView, losers: tuple[str, ...], winners: tuple[str, ...]) ->
                     + ([("plan.autocast_dtype", f"{plan['autocast_dtype']} (first matmul: "
                                                 f"{plan.get('autocast_module')})")] if plan.get("autocast_dtype") else []))]
     return []
+
+
+def _took(plan: dict[str, Any], source: dict[str, Any]) -> bool:
+    """Whether the Accelerator says the value `source` asked for (a source the recording
+    could not see, such as the argument of an Accelerator watched after it was made,
+    would show here as a difference: then no source is said to have won)."""
+    requested = intent.mode(plan.get("requested"))
+    return requested is None or requested == intent.mode(source.get("value"))
 
 
 _INTENT_FACTS = ("overridden", "overridden_value", "overridden_where", "winner", "winner_value", "winner_where",
@@ -155,6 +165,8 @@ def precision_plan(v: RunView) -> Result:
     sources = [s for s in (plan.get("sources") or []) if isinstance(s, dict) and s.get("value")]
     if sources:
         won = intent.winner(sources)
+        if won is not None and not _took(plan, next(s for s in sources if s.get("source") == won)):
+            won = None
         facts["sources"] = [{"intent": s.get("source"), "intent_value": intent.mode(s.get("value")),
                              "intent_where": s.get("where"), "intent_won": "yes" if s.get("source") == won else None}
                             for s in sources]

@@ -114,6 +114,22 @@ def test_oom_without_a_site_keeps_the_general_advice(tmp_path):
     assert f["fixes"][0].startswith("Lower the per-device batch size")
 
 
+def test_cpu_attention_oom_gets_no_loading_or_zero_advice(tmp_path):
+    """The issue's case on the CPU (torch 2.13's own message): 64 x 4096 tokens of eager
+    attention, one 128 GiB score buffer."""
+    text = ("Traceback (most recent call last):\n"
+            '  File "/home/ana/lm/tiny_gpt.py", line 31, in forward\n'
+            "    attn_weights = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)\n"
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 137438953472 bytes. Error code 12 (Cannot allocate memory)\n")
+    f = explain(tmp_path, text)[0]
+    assert f["rule"] == "cpu-allocator-oom"
+    assert "allocated in attention (`attn_weights = torch.matmul`)" in f["explanation"]
+    assert f["fixes"][0].startswith("Use an attention that never materialises the score matrix")
+    said = " ".join(f["fixes"])
+    assert "ZeRO" not in said and "from_pretrained(..., dtype" not in said and "offload" not in said
+
+
 def test_run_module_names_the_attention_site(tmp_path):
     """`run` explains a recorded exception with the module the watcher saw raise it
     (diagnosis/run.py hands it in as extra facts): the same site, without a traceback."""

@@ -102,7 +102,7 @@ def loss_scale_trend(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[
 HUGE_HOST_REQUEST = 64 * 1024**3
 
 
-@deriver("alloc_bytes", facts=("huge_request", "requested", "requested_bytes") + FIT_FACTS)
+@deriver("alloc_bytes", facts=("huge_request", "requested", "requested_bytes") + FIT_FACTS + OOM_SITE_FACTS)
 def alloc_bytes(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any]:
     """'you tried to allocate 132426121216 bytes' -> requested = '123.33 GiB'.
 
@@ -126,6 +126,7 @@ def alloc_bytes(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, 
             out["huge_request"] = gib(n)
     if len(hits) > 1:
         out["occurrences"] = len(hits)
+    out.update(oom_site(facts))
     out.update(fit(facts))
     return out
 

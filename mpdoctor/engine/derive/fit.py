@@ -33,7 +33,8 @@ from . import deriver
 # The facts fit() can add (each deriver that calls it declares them too).
 FIT_FACTS = ("_ac_device", "_ac_dev_arg", "_dtype_kw", "_dtype_kw_note", "_low_mem", "_tf5", "_tf_known",
              "_tf_old")
-OOM_SITE_FACTS = ("_site_attention", "_site_backward", "_site_load", "_site_optimizer", "oom_site_frame")
+OOM_SITE_FACTS = ("_site_attention", "_site_backward", "_site_load", "_site_not_attention", "_site_optimizer",
+                  "oom_site_frame")
 
 _DEVICES = ("cuda", "cpu", "mps", "xpu")
 _AT_DEVICE = re.compile(r"@(cuda|cpu|mps|xpu)\b")
@@ -98,7 +99,15 @@ def fit(facts: dict[str, Any], device: str | None = None) -> dict[str, Any]:
 def oom_site(facts: dict[str, Any]) -> dict[str, Any]:
     """Where an out-of-memory allocated: attention (a seq x seq score buffer), the
     optimizer's state, the backward pass, loading or moving the weights. Attention first
-    (with gradient checkpointing a backward recomputes it), the load last."""
+    (with gradient checkpointing a backward recomputes it), the load last.
+    `_site_not_attention` is a code, always set: a rule's [words] say whether advice
+    for any other site (loading, offload) fits."""
+    site = _site(facts)
+    site["_site_not_attention"] = "other"
+    return site
+
+
+def _site(facts: dict[str, Any]) -> dict[str, Any]:
     module = " ".join(str(facts.get(k) or "") for k in ("module", "module_type"))
     for key, flag in (("_oom_attention", "_site_attention"), ("_oom_optimizer", "_site_optimizer"),
                       ("_oom_backward", "_site_backward"), ("_oom_load", "_site_load")):

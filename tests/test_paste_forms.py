@@ -205,3 +205,16 @@ def test_a_paste_that_starts_inside_a_rich_box_is_read_as_the_box(rules):
     # a rich table's rows (no path, no frame) are left as they are
     table = "│ 0 │ model │ GPT │ 124 M │\n│ 1 │ head  │ Linear │ 38 M │\n"
     assert [ln.text for ln in normalise(table) if ln.text] == table.splitlines()
+
+
+def test_a_markdown_table_of_steps_going_nan_reads_as_columns(rules):
+    rows = ["The loss went nan:", "", "| step | loss |", "|------|------|"]
+    rows += [f"| {i * 100} | {2.5 - i / 10:.4f} |" for i in range(1, 6)] + [f"| {i * 100} | nan |" for i in range(6, 12)]
+    lines = [ln.text for ln in normalise("\n".join(rows))]
+    assert "100   2.4000" in lines and "600   nan" in lines, lines
+    top = explain_text("\n".join(rows), rules).findings[0]
+    assert (top.severity, top.category, top.rule) == ("error", "non-finite-values", "loss-column-nonfinite")
+    # one nan row that recovers stays quiet here too
+    recovers = ["| step | loss |", "| --- | --- |", "| 100 | 2.45 |", "| 200 | nan |", "| 300 | 2.11 |",
+                "| 400 | 1.98 |", "| 500 | 1.90 |"]
+    assert not [f for f in explain_text("\n".join(recovers), rules).findings if f.severity == "error"]

@@ -233,6 +233,40 @@ def unquote(text: str) -> str:
     return "\n".join(out)
 
 
+# A markdown table's rule row ("|------|------|", "|---:|:---|", "| --- | --- |"): the table
+# around it is read as whitespace columns, as the program printed them before they were
+# put in a table ("| 300 | nan |" -> "300   nan"), so a cell is never taken for a prefix.
+_MD_TABLE_RULE = LazyRe(r"^[ \t]{0,3}\|?[ \t]{0,3}:?-{3,}:?[ \t]{0,3}\|[ \t:|-]{0,400}$", re.M)
+
+
+def untable(text: str) -> str:
+    """`text` with its markdown tables turned into whitespace-separated columns (their
+    rule rows left blank, so line numbers stay); one search when there is none."""
+    if "-|" not in text and "| -" not in text and "|:" not in text:
+        return text
+    if not _MD_TABLE_RULE.search(text):
+        return text
+    lines = text.split("\n")
+    done = set()
+    for i, ln in enumerate(lines):
+        if i in done or not _MD_TABLE_RULE.match(ln):
+            continue
+        lo, hi = i, i
+        while lo > 0 and lines[lo - 1].lstrip()[:1] == "|":
+            lo -= 1
+        while hi + 1 < len(lines) and lines[hi + 1].lstrip()[:1] == "|":
+            hi += 1
+        for j in range(lo, hi + 1):
+            done.add(j)
+            row = lines[j]
+            if _MD_TABLE_RULE.match(row):
+                lines[j] = ""
+                continue
+            cells = row.strip().strip("|").split("|")
+            lines[j] = "   ".join(c.strip() for c in cells)
+    return "\n".join(lines)
+
+
 def _quote_kind(mark: str) -> str:
     first = mark.strip()[:1]
     return "gutter" if first.isdigit() else first
@@ -240,7 +274,7 @@ def _quote_kind(mark: str) -> str:
 
 def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
     """Turn raw (decoded) log text into clean logical lines."""
-    text = unquote(text)
+    text = unquote(untable(text))
     out: list[LogLine] = []
     streams: dict[tuple[int | None, str | None], _Stream] = {}
 

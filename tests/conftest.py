@@ -67,6 +67,65 @@ def pytest_configure(config) -> None:
                                        "-m 'not slow' for a fast inner loop)")
 
 
+# The workers' share of the suite (`--dist loadgroup` in pyproject.toml, scheduled here): a
+# test file with a module fixture of its own (a launched job, a Jupyter kernel, a built
+# wheel) goes whole to one worker, so the fixture is made once; every other test is handed
+# out alone, to whichever worker is free. The live tests go out first, the costliest files
+# first, so that no worker is left alone with a long one at the end (--no-loadscope-reorder:
+# not xdist's order by the number of tests). xdist's own loadgroup marks cannot do the
+# grouping: with pytest 9 its node-id suffix is lost (it sets a field pytest no longer reads).
+# `-n0` keeps the files' order (test_rule_ids.py last).
+# the files whose live tests cost most, costliest unit first (measured: --durations and
+# MPDOCTOR_TEST_CPU_LOG); a file not named here goes after them, in the collected order
+LONG_POLES = ("test_gpu_kit.py", "test_probe_live.py", "test_job_live.py", "test_scenarios.py",
+              "test_probe_model.py", "test_run_accelerate.py", "test_run_instrumented.py", "test_probe_stable.py",
+              "test_run_robust.py", "test_recipe_scaler.py", "test_integrations.py", "test_instrument_recovered.py",
+              "test_notebook.py", "test_wheel.py", "test_check_live.py", "test_instrument_steps.py")
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _shares_a_module_fixture(path: str) -> bool:
+    """Whether the test file (a node id's path) defines a module-, package- or session-scoped fixture."""
+    import functools
+    import re
+
+    @functools.lru_cache(maxsize=None)
+    def scan(name: str) -> bool:
+        try:
+            with open(os.path.join(_TESTS, name), encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError:
+            return False
+        return re.search(r"@pytest\.fixture\([^)]*scope=[\"'](module|package|session)[\"']", text) is not None
+
+    return scan(os.path.basename(path))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileOrTest(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if _shares_a_module_fixture(path) else nodeid
+
+    return ByFileOrTest(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if not hasattr(config, "workerinput") or not getattr(config.option, "loadgroup", False):
+        return  # only on xdist's workers under --dist loadgroup (xdist sets `loadgroup` there)
+
+    def key(item) -> tuple[int, int]:
+        live = item.get_closest_marker("slow") is not None or _shares_a_module_fixture(str(item.path))
+        name = item.path.name
+        return (0, LONG_POLES.index(name) if name in LONG_POLES else len(LONG_POLES)) if live else (1, 0)
+
+    items.sort(key=key)  # stable: within a file, the collected order
+
+
 # Under pytest-xdist each worker records the ids of its own findings and hands them to the
 # controller, which checks the union at the end of the session (tests/test_rule_ids.py
 # does the same check in a run without workers).

@@ -218,3 +218,17 @@ def test_a_markdown_table_of_steps_going_nan_reads_as_columns(rules):
     recovers = ["| step | loss |", "| --- | --- |", "| 100 | 2.45 |", "| 200 | nan |", "| 300 | 2.11 |",
                 "| 400 | 1.98 |", "| 500 | 1.90 |"]
     assert not [f for f in explain_text("\n".join(recovers), rules).findings if f.severity == "error"]
+
+
+@pytest.mark.parametrize("progress", ["Epoch 0: 40%| | 40/100 [00:10<00:15, 4.0it/s, v_num=0, train_loss={v}]",
+                                      "Epoch 1 | step {i} | Loss: {v}", "Epoch [1][{i}/900] lr: 2e-04, loss_cls: {v}"])
+def test_training_going_on_is_read_in_the_usual_progress_forms(progress, rules):
+    warning = ("/usr/lib/python3.9/site-packages/torch/nn/utils/clip_grad.py:55: FutureWarning: Non-finite norm "
+               "encountered in torch.nn.utils.clip_grad_norm_; continuing anyway.\n")
+    after = "".join(progress.format(i=i, v=f"{2.3 - i / 100:.3f}") + "\n" for i in range(1, 5))
+    survived = next(f for f in explain_text(warning + after, rules).findings if f.category == "non-finite-values")
+    assert survived.severity == "info", survived.severity
+    # the loss scale is no loss: lines that only report it do not show training going on
+    scale = "".join(f"[deepspeed] OVERFLOW! Skipping step. loss_scale: {2 ** (16 - i)}\n" for i in range(4))
+    kept = next(f for f in explain_text(warning + scale, rules).findings if f.category == "non-finite-values")
+    assert kept.severity == "error"

@@ -18,10 +18,11 @@ if TYPE_CHECKING:
 from ..logtext import LazyRe
 
 SURVIVED_AFTER = 3
-# a progress line with a finite loss: a dict or key=value log ("'loss': 1.23", "loss=1.2e-1"),
-# or a bare "<step> ... <number>" row
+# a progress line with a finite loss: a dict or key=value log ("'loss': 1.23", "loss=1.2e-1",
+# Lightning's "train_loss=2.31", mmdet's "loss_cls: 1.53", a loop's "Loss: 2.31"; never the
+# loss scale), or a bare "<step> ... <number>" row
 _PROGRESS = LazyRe(
-    r"""(?:\bloss['"]?\s?[=:]\s?['"]?-?\d{1,9}(?:\.\d{1,12})?(?:[eE][-+]?\d{1,3})?\b(?![\w.]))"""
+    r"""(?:(?<![A-Za-z])[Ll]oss(?:_(?!scale)\w{1,20})?['"]?\s?[=:]\s?['"]?-?\d{1,9}(?:\.\d{1,12})?(?:[eE][-+]?\d{1,3})?\b(?![\w.]))"""
     r"""|(?:^\s{0,8}\d{1,9}(?:[\s,;|]{1,6}-?\d{1,9}(?:\.\d{1,12})?(?:[eE][-+]?\d{1,3})?){0,3}"""
     r"""[\s,;|]{1,6}-?\d{1,6}\.\d{1,12}(?:[eE][-+]?\d{1,3})?\s{0,8}$)""")
 _NONFINITE = LazyRe(r"""\b(?:nan|NaN|inf|Infinity)\b""")

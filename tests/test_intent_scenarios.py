@@ -135,6 +135,18 @@ def test_fp8_on_cpu_check_run_and_explain_here_agree(tmp_path):
     _fp8_fixes_fit(first["fixes"])
 
 
+@cpu_only
+def test_fp8_asked_in_code_on_cpu_run_says_what_check_says(tmp_path):
+    # Accelerator(mixed_precision="fp8") raises in its __init__ (no backend): the plan never
+    # saw it, the failure names the precision, and the env rules judge that, as check does
+    (tmp_path / "train.py").write_text('from accelerate import Accelerator\nAccelerator(mixed_precision="fp8")\n')
+    p, data = run(tmp_path, PY, "train.py")
+    assert p.returncode == 1
+    top = data["findings"][0]
+    assert top["rule"] == "fp8-below-sm89"
+    _fp8_fixes_fit(top["fixes"])
+
+
 # --- a MULTI_GPU config for 2 processes on this machine without CUDA -----------------------------
 
 @cpu_only

@@ -28,6 +28,7 @@ from ..findings import Finding, Report, Unrecognised
 from ..redact import clip
 from ..run.checks import outcome, plan, recipe, values
 from ..run.evidence import RunView, build_evidence, origin_facts, read_evidence
+from .sharpen import asked_precision
 
 _MODES = ("no", "fp16", "bf16", "fp8")
 def _run_checks() -> dict[str, Any]:
@@ -71,7 +72,7 @@ def judge_run(evidence: dict[str, Any], rules: list[Rule], output: str = "",
 
     exc_findings, exc_unknown = _exception_findings(view, rules)
     findings += exc_findings
-    findings += _env_findings(view, rules, observed, requested_from)
+    findings += _env_findings(view, rules, observed, requested_from, asked_precision(findings))
     run_rules = [r for r in rules if r.kind == "run"]
     findings += [f for o in judge_rules(view, run_rules, _run_checks()) for f in o.findings]
 
@@ -264,8 +265,9 @@ def _context_evidence(exc: dict[str, Any], path: str) -> Any:
 
 
 def _env_findings(view: RunView, rules: list[Rule], extra: dict[str, Any] | None = None,
-                  requested_from: str = "the Accelerator of this run") -> list[Finding]:
-    """The env rules over the environment the main process ran in, with what it did."""
+                  requested_from: str = "the Accelerator of this run", asked: str | None = None) -> list[Finding]:
+    """The env rules over the environment the main process ran in, with what it did
+    (`asked`: the precision the run's failure names, when its plan has none)."""
     p = view.main
     if p is None or not p.env:
         return []
@@ -277,7 +279,7 @@ def _env_findings(view: RunView, rules: list[Rule], extra: dict[str, Any] | None
     except SnapshotError:
         return []
     plan = p.plan
-    requested = plan.get("requested")
+    requested = plan.get("requested") or asked
     observed = {"observed_dtype": plan.get("autocast_dtype"), "observed_module": plan.get("autocast_module"),
                 "observed_device": plan.get("device"),
                 "requested_by": requested_from if requested else None, **(extra or {})}

@@ -63,6 +63,20 @@ def mode_hint(f: Finding) -> str | None:
     return None
 
 
+# The log categories whose finding says, by itself, which precision the training asked for.
+_ASKS = {"fp8-unsupported": "fp8", "bf16-unsupported": "bf16", "fp16-unsupported-device": "fp16"}
+
+
+def asked_precision(findings: list[Finding]) -> str | None:
+    """The precision a run's failure says it asked for, where the run's plan never learnt
+    it (an Accelerator whose __init__ raised: `Accelerator(mixed_precision="fp8")`
+    without a backend): the env rules then judge the same plan as `check`."""
+    for f in findings:
+        if f.category in _ASKS:
+            return _ASKS[f.category]
+    return None
+
+
 def refinement_findings(f: Finding, view: Any, rules: list[Rule]) -> list[Finding]:
     """The refinement rules' findings for log finding `f` on the machine `view` (made
     for `f`'s precision): each says one thing the machine settles."""

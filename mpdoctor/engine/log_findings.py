@@ -134,17 +134,46 @@ def _finding(rule: Rule, hits: list[Hit], whole: "_WholeLog", tracebacks: list[T
 
 class _WholeLog:
     """The whole log for `requires` / `excludes` / `context` patterns, searched one
-    bounded line at a time so that a huge line cannot make a pattern slow."""
+    bounded line at a time so that a huge line cannot make a pattern slow. A pattern
+    with literals (every match holds one of its first step's alternatives) is tried only
+    on the lines where str.find meets one, in the log joined once: the lines before the
+    first such line are never looked at from Python (a fired rule's context patterns read
+    the whole log)."""
 
     def __init__(self, lines: list[LogLine]):
         self.lines = lines
+        self._joined: tuple[str, list[int]] | None = None
+
+    def _text(self) -> tuple[str, list[int]]:
+        if self._joined is None:
+            starts, pos = [], 0
+            for ln in self.lines:
+                starts.append(pos)
+                pos += len(ln.text) + 1
+            self._joined = ("\n".join(ln.text for ln in self.lines), starts)
+        return self._joined
 
     def search(self, rx: Any) -> re.Match[str] | None:
-        # a line without the literals every match holds is skipped before the regular
-        # expression runs (a rule's context patterns read every line of the log)
+        runs = getattr(rx, "runs", None)
+        if not runs or getattr(rx, "caseless", False):
+            return self._each_line(rx, range(len(self.lines)))
+        text, starts = self._text()
+        first = runs[0]
+        at = 0
+        while True:
+            found = [p for p in (text.find(a, at) for a in first) if p >= 0]
+            if not found:
+                return None
+            i = bisect.bisect_right(starts, min(found)) - 1
+            m = self._each_line(rx, (i,))
+            if m:
+                return m
+            at = starts[i] + len(self.lines[i].text) + 1
+
+    def _each_line(self, rx: Any, indices: Any) -> re.Match[str] | None:
         may = rx.may_match if getattr(rx, "runs", None) else None
-        for ln in self.lines:
-            text = ln.text
+        for i in indices:
+            text = self.lines[i].text
             if len(text) > MAX_MATCH_CHARS:
                 for start in range(0, min(len(text), 64 * MAX_MATCH_CHARS), MAX_MATCH_CHARS // 2):
                     m = rx.search(text[start:start + MAX_MATCH_CHARS])

@@ -357,7 +357,7 @@ CLASSES_RE = [(c, re.compile(r)) for c, r in CLASSES]
 SUBJECT = re.compile(r"(?i)cuda|gpu|device|fp16|bf16|half|bfloat|float16|float8|fp8|dtype|precision|autocast|amp\b|"
                      r"scaler|memory|kernel|driver|nccl|gloo|hccl|distributed|rank|collective|cudnn|cublas|"
                      r"deepspeed|fsdp|flash|sdpa|attention|nan\b|overflow|\bmps\b|\bxpu\b|rocm|hip\b|triton|"
-                     r"quantiz|int8|4bit|8bit|bitsandbytes|compute capability|sm_\d|allocat|launch|ptx|ecc\b|"
+                     r"quantiz|int8|4bit|8bit|bitsandbytes|compute capability|sm_\d|allocat|launch|ptx|ecc\b|data ?type|"
                      r"nvlink|ampere|hopper|blackwell|mxfp|nvfp4|\bfp4\b|page fault|xccl")
 # A fused-attention library's refusal of a GPU generation or a dtype is the kernel refusing
 # (flash-attention-unsupported), wherever its sentence does not say "attention".
@@ -374,9 +374,20 @@ INDEX_DTYPE = re.compile(r"(?i)must (?:have|be of) (?:dtype|type) (?:torch\.)?(?
                          r"dtype (?:torch\.)?(?:int32|int64)\b")
 
 
-def classify(template: str, library: str) -> str:
+# a deprecation says an API will change, not that anything failed (amp-deprecated-api, which is
+# about precision, is matched before this is asked)
+DEPRECATION = re.compile(r"(?i)\bdeprecat|will be removed in|is no longer (?:needed|required|recommended)")
+
+
+def classify(template: str, library: str, kind: str = "") -> str:
     if not SUBJECT.search(template):
         return "not ours"
+    if CLASSES_RE[0][1].search(template):
+        return CLASSES_RE[0][0]
+    if DEPRECATION.search(template) or kind in ("DeprecationWarning", "FutureWarning", "PendingDeprecationWarning"):
+        return "not ours"
+    if kind == "AssertionError" and library == "torch":
+        return "not ours"  # torch's internal invariants (assert x, "..."): no user's choice failed
     if re.search(r"(?i)is not installed|pip install|not available\. ?Please install|is required for|"
                  r"requires? (?:the )?\w+ (?:package|library) to be installed", template) \
             and not re.search(r"(?i)fp8|float8|TransformerEngine|transformer_engine|MS-AMP|flash", template):
@@ -495,7 +506,7 @@ def label(library: str, entries: list[dict], review: dict) -> list[dict]:
         if key in seen:
             continue
         seen.add(key)
-        e["category"] = overrides.get(key, classify(key, library))
+        e["category"] = overrides.get(key, classify(key, library, e.get("kind", "")))
         out.append(e)
     return out
 

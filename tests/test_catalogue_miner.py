@@ -120,3 +120,15 @@ def test_relabel_is_stable_on_the_committed_catalogue(tmp_path):
     changed = [p.name for p in out.glob("*.toml")
                if p.read_text(encoding="utf-8") != (ROOT / "catalogue" / p.name).read_text(encoding="utf-8")]
     assert changed == []
+
+
+def test_a_deprecation_or_an_internal_assert_is_not_ours_but_amps_deprecations_are():
+    assert mine.classify("`nccl.reduce` with an output tensor list is deprecated. Please specify a single output "
+                         "tensor with argument 'output' instead.", "torch", "FutureWarning") == "not ours"
+    assert mine.classify("Expected all_reduce_event to be set for non-CPU device", "torch",
+                         "AssertionError") == "not ours"
+    assert mine.classify("`torch.cuda.amp.autocast(args...)` is deprecated. Please use "
+                         "`torch.amp.autocast('cuda', args...)` instead.", "torch", "FutureWarning") == "amp-deprecated-api"
+    # the same words from a library's own raise stay relevant
+    assert mine.classify("NCCL communicator has {} ranks, but the process group reports {}", "transformer-engine",
+                         "RuntimeError") == "distributed-communication"

@@ -307,6 +307,8 @@ _FILL = [
     (r"(?i)(?:shape|size|sizes)\W{0,3}$", "[4, 4096]"),
     (r"(?i)(?:capability)\W{0,3}$", "7.5"),
     (r"(?i)(?:flash attention|flash_attention_|FlashAttention)\W{0,3}$", "2"),
+    (r"(?i)\bd(?:t)?ype\b[^{}]{0,30}\b(?:is|was|got|found)\W{0,3}$", "torch.float32"),
+    (r"(?i)\bd(?:t)?ype in\W{0,3}$", "LlamaForCausalLM"),
 ]
 # a named placeholder the miner wrote itself ({host}:{pid}:{tid} [{dev}] NCCL WARN, NCCL's {file}:{line})
 _NAMED = {"host": "gpu-node-3", "pid": "48211", "tid": "48377", "dev": "0", "file": "/pytorch/torch/csrc/"

@@ -120,7 +120,9 @@ _AFTER_BAR = LazyRe(r"(?:it/s|s/it)\](?=\S)")
 
 def split_after_progress(line: str) -> list[str]:
     """A physical line holding a progress bar and a line glued right after its end: two lines."""
-    if "it]" not in line and "it/s]" not in line:
+    a, b = line.find("it/s]"), line.find("s/it]")
+    at = a if b == -1 else b if a == -1 else min(a, b)
+    if at == -1 or not line[at + 5:at + 6].strip():  # no bar end, or one that ends the line (the usual case)
         return [line]
     out: list[str] = []
     at = 0

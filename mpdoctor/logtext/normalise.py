@@ -239,12 +239,25 @@ def unquote(text: str) -> str:
 _MD_TABLE_RULE = LazyRe(r"^[ \t]{0,3}\|?[ \t]{0,3}:?-{3,}:?[ \t]{0,3}\|[ \t:|-]{0,400}$", re.M)
 
 
+_DASH_PIPE = LazyRe(r"-[ \t:]{0,3}\|")  # in every rule row; a literal-led search, fast on any text
+
+
+def _has_table_rule(text: str, tries: int = 200) -> bool:
+    for m in _DASH_PIPE.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        if _MD_TABLE_RULE.match(text[start:end if end != -1 else len(text)]):
+            return True
+        tries -= 1
+        if not tries:
+            return False
+    return False
+
+
 def untable(text: str) -> str:
     """`text` with its markdown tables turned into whitespace-separated columns (their
     rule rows left blank, so line numbers stay); one search when there is none."""
-    if "-|" not in text and "| -" not in text and "|:" not in text:
-        return text
-    if not _MD_TABLE_RULE.search(text):
+    if not _has_table_rule(text):
         return text
     lines = text.split("\n")
     done = set()

@@ -84,23 +84,25 @@ LONG_POLES = ("test_gpu_kit.py", "test_probe_live.py", "test_job_live.py", "test
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
+_SHARES: dict[str, bool] = {}
+
+
 def _shares_a_module_fixture(path: str) -> bool:
     """Whether the test file (a node id's path) defines a module-, package- or session-scoped fixture."""
-    import functools
     import re
 
-    @functools.lru_cache(maxsize=None)
-    def scan(name: str) -> bool:
+    name = os.path.basename(path)
+    if name not in _SHARES:
         try:
             with open(os.path.join(_TESTS, name), encoding="utf-8") as fh:
                 text = fh.read()
         except OSError:
-            return False
-        return re.search(r"@pytest\.fixture\([^)]*scope=[\"'](module|package|session)[\"']", text) is not None
+            text = ""
+        _SHARES[name] = re.search(r"@pytest\.fixture\([^)]*scope=[\"'](module|package|session)[\"']", text) is not None
+    return _SHARES[name]
 
-    return scan(os.path.basename(path))
 
-
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist", "no") != "loadgroup":
         return None

@@ -9,6 +9,7 @@
 
     python bench/run_bench.py                # both
     python bench/run_bench.py --only step --steps 20
+    python bench/run_bench.py --only step --recipe    # the AMP recipe's calls in each step
     python bench/run_bench.py --only passthrough --unbuffered --targets devnull,pipe
 """
 
@@ -70,7 +71,7 @@ def bench_passthrough(lines: int, repeats: int, targets: list[str], unbuffered: 
               f"cpu: bare {bc:6.2f} s, wrapped {wc:6.2f} s -> {wc / bc:.2f}x")
 
 
-def bench_step(steps: int, warmup: int) -> None:
+def bench_step(steps: int, warmup: int, recipe: bool = False, only: list[str] | None = None) -> None:
     import torch
     from torch import nn
 
@@ -83,12 +84,20 @@ def bench_step(steps: int, warmup: int) -> None:
         return model, torch.optim.SGD(model.parameters(), lr=1e-4)
 
     x = torch.randn(8, 128, 256)
+    scaler = torch.amp.GradScaler("cpu", enabled=recipe)
 
     def step(model, opt):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(x).float().pow(2).mean()
-        loss.backward()
-        opt.step()
+        if not recipe:
+            loss.backward()
+            opt.step()
+        else:  # the AMP recipe's calls, every one tapped: scale, backward, unscale_, clip, step, update
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
         opt.zero_grad(set_to_none=True)
 
     def mpdoctor_on(model):
@@ -124,6 +133,8 @@ def bench_step(steps: int, warmup: int) -> None:
     except ImportError as exc:
         print(f"DebugUnderflowOverflow unavailable: {exc} (pip install transformers)")
         del configs["DebugUnderflowOverflow"]
+    if only:
+        configs = {k: v for k, v in configs.items() if k == "bare" or k in only}
     import warnings
 
     warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
@@ -143,7 +154,8 @@ def bench_step(steps: int, warmup: int) -> None:
             if off:
                 off()
     base_med, base_min = statistics.median(times["bare"]), min(times["bare"])
-    print(f"step overhead, TransformerEncoder 4x256, seq 128, batch 8, bf16 autocast, fwd+bwd+step, "
+    print(f"step overhead, TransformerEncoder 4x256, seq 128, batch 8, bf16 autocast, fwd+bwd+step"
+          f"{' (GradScaler: scale, unscale_, clip, step, update)' if recipe else ''}, "
           f"{steps} steps each, interleaved, {torch.get_num_threads()} threads; ratio to the bare step:")
     for name in configs:
         med, low = statistics.median(times[name]), min(times[name])
@@ -162,6 +174,12 @@ def main() -> None:
                     help="PYTHONUNBUFFERED=1 in the child: one write per line (the default: block-buffered)")
     ap.add_argument("--steps", type=int, default=12, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--recipe", action="store_true",
+                    help="step bench: the AMP recipe's calls (a CPU GradScaler's scale, unscale_, clip_grad_norm_, "
+                         "step, update) in every step, bare and instrumented alike")
+    ap.add_argument("--configs", default=None,
+                    help="step bench: the tools to time against the bare step, comma-separated (default: all; "
+                         "mpdoctor,detect_anomaly,DebugUnderflowOverflow)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for the step bench (default: torch's; 1 is steadier on a shared machine)")
     args = ap.parse_args()
@@ -172,7 +190,7 @@ def main() -> None:
             import torch
 
             torch.set_num_threads(args.threads)
-        bench_step(args.steps, args.warmup)
+        bench_step(args.steps, args.warmup, args.recipe, args.configs.split(",") if args.configs else None)
 
 
 if __name__ == "__main__":

@@ -23,78 +23,29 @@ Everything fails open: an error here gives no origin, never a broken training.
 from __future__ import annotations
 
 import linecache
-import os
 import re
-import sys
-import sysconfig
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..knowledge.dtypes import dtype_name
+from .origin_source import (
+    assigned_at,
+    called_module,
+    code_kind,
+    failure_frames,
+    file_line,
+    held_in,
+    line_of,
+    source_of,
+    user_file,
+)
 
 _MAX_CANDIDATES = 16
-_MAX_FRAMES = 40
-_LOOKBACK = 400  # source lines searched back for a variable's assignment
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CAST = re.compile(r"\.(?P<m>double|half|bfloat16|float)\(\s*\)|\.to\((?:[^()]*,\s*)?(?:dtype\s*=\s*)?"
-                   r"torch\.(?P<d>float16|bfloat16|float64|double|half|float32|float)\b")
-_CREATE = re.compile(r"\btorch\.(?:tensor|from_numpy|as_tensor|ones|zeros|full|arange|linspace|randn|rand|empty|"
-                     r"eye|ones_like|zeros_like|full_like|empty_like)(?=\()")
-_NUMPY = re.compile(r"\b(?:np|numpy)\.")
-_LIB_DIRS = tuple({os.path.realpath(p) + os.sep for p in (sysconfig.get_paths().get("stdlib"),
-                                                         sysconfig.get_paths().get("purelib"),
-                                                         sysconfig.get_paths().get("platlib")) if p})
-_OURS = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 
 
-def user_file(filename: str) -> bool:
-    """A file of the user's code: not the standard library, not an installed package, not mpdoctor."""
-    if not filename or filename.startswith("<"):
-        return filename.startswith("<ipython") or filename.startswith("<stdin")
-    real = os.path.realpath(filename)
-    if real.startswith(_OURS) or "site-packages" in real or "dist-packages" in real:
-        return False
-    return not any(real.startswith(d) for d in _LIB_DIRS)
-
-
-def _frames(exc: BaseException | None, live: bool) -> list[Any]:
-    """The frames of the failure, outermost first: the live stack (when called from a hook
-    while the exception unwinds, the user's outer frames are only there) and the
-    traceback's."""
-    out: list[Any] = []
-    if live:
-        f = sys._getframe(1)
-        stack = []
-        while f is not None and len(stack) < _MAX_FRAMES:
-            stack.append(f)
-            f = f.f_back
-        out.extend(reversed(stack))
-    tb = exc.__traceback__ if exc is not None else None
-    seen = {id(f) for f in out}
-    while tb is not None:
-        if id(tb.tb_frame) not in seen:
-            out.append(tb.tb_frame)
-            seen.add(id(tb.tb_frame))
-        tb = tb.tb_next
-    return out
-
-
-def _lineno(frame: Any, exc: BaseException | None) -> int:
-    tb = exc.__traceback__ if exc is not None else None
-    while tb is not None:
-        if tb.tb_frame is frame:
-            return tb.tb_lineno
-        tb = tb.tb_next
-    return frame.f_lineno
-
-
-def _where(filename: str, line: int) -> str:
-    return f"{os.path.basename(filename)}:{line}"
-
-
-# ---- which tensor is odd ---------------------------------------------------------------
 class Candidate:
     __slots__ = ("t", "role", "name", "index")
 
@@ -249,70 +200,6 @@ def _trained_ids(frames: list[Any], recorder: Any) -> tuple[set[int], set[int], 
     return ids, prepared, bool(opts)
 
 
-def _variable(t: Tensor, frames: list[Any], exc: BaseException | None) -> tuple[Any, str, int, bool] | None:
-    """Where the user's code holds `t` in a variable: (the frame whose source assigned it,
-    the name, the line to search back from (0: the whole file), whether at the top level)."""
-    for f in frames:  # outermost first: the variable the user named, not a parameter name
-        if not user_file(f.f_code.co_filename):
-            continue
-        for var, obj in list(f.f_locals.items())[:400]:
-            if obj is t and var != "self":
-                top = f.f_locals is f.f_globals
-                return f, var, _lineno(f, exc), top
-    for f in reversed(frames):
-        if user_file(f.f_code.co_filename):
-            for var, obj in list(f.f_globals.items())[:400]:
-                if obj is t:
-                    g = _module_frame(f, frames)
-                    return g, var, (_lineno(g, exc) if g is not f else 0), True
-    return None
-
-
-def _assignment(frame: Any, var: str, before: int, top: bool) -> tuple[int, str] | None:
-    """The line that last assigned `var` before line `before` (0: the end of the file) of
-    the frame's file, within its function (at the top level for a global searched in the
-    whole file: column 0)."""
-    fname = frame.f_code.co_filename
-    first = 1 if top else frame.f_code.co_firstlineno
-    pat = re.compile(rf"^(\s*)(?:[\w\[\].]+\s*,\s*)*{re.escape(var)}\s*(?::[^=]+)?(?:,\s*[\w\[\].]+\s*)*"
-                     rf"(?:[+\-*/@]?=)(?!=)")
-    last = before - 1 if before > 0 else len(linecache.getlines(fname))
-    for line_no in range(last, max(first, last - _LOOKBACK) - 1, -1):
-        text = linecache.getline(fname, line_no)
-        m = pat.match(text)
-        if m and (before > 0 or m.group(1) == ""):
-            return line_no, _without_comment(text.strip())
-    return None
-
-
-def _without_comment(code: str) -> str:
-    """A source line without its trailing `# comment` (a `#` inside a string stays)."""
-    quote = None
-    for i, ch in enumerate(code):
-        if quote:
-            if ch == quote and code[i - 1] != "\\":
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#":
-            return code[:i].rstrip()
-    return code
-
-
-def _code_kind(code: str, var: str) -> tuple[str, str | None, str | None]:
-    """("cast" | "created" | "computed", the cast spelled, the torch call that created it)."""
-    rhs = code.split("=", 1)[1] if "=" in code else code
-    m = _CAST.search(rhs)
-    if m:
-        return "cast", m.group(0), None
-    m = _CREATE.search(rhs)
-    if m:
-        return "created", None, m.group(0)
-    if _NUMPY.search(rhs):
-        return "created", None, None
-    return "computed", None, None
-
-
 def describe(odd: Candidate, frames: list[Any], exc: BaseException | None, recorder: Any) -> dict[str, Any]:
     """The origin record of the odd candidate (codes and names, no words)."""
     t = odd.t
@@ -355,25 +242,25 @@ def describe(odd: Candidate, frames: list[Any], exc: BaseException | None, recor
     fwd = getattr(type(fn), "_forward_cls", None) if fn is not None else None
     if "kind" not in rec and fwd is not None and isinstance(fwd, type) and issubclass(fwd, torch.autograd.Function):
         rec.update(kind="function-output", function=fwd.__name__)
-        at = _source_of(getattr(fwd, "forward", None))
+        at = source_of(getattr(fwd, "forward", None))
         if at:
             rec["function_at"] = at
-    got = _variable(t, frames, exc)
+    got = held_in(t, frames, exc)
     if got is not None:
         f, var, before, top = got
         rec["variable"] = var
-        where = _assignment(f, var, before, top)
+        where = assigned_at(f, var, before, top)
         if where is not None:
             line, code = where
-            rec["at"] = _where(f.f_code.co_filename, line)
+            rec["at"] = file_line(f.f_code.co_filename, line)
             rec["code"] = code[:160]
-            kind, cast, maker = _code_kind(code, var)
+            kind, cast, maker = code_kind(code, var)
             if cast:
                 rec["cast"] = cast
             if maker:
                 rec["maker"] = maker
             if "kind" not in rec:
-                called = _called_module(code, f)
+                called = called_module(code, f)
                 if called is not None:  # `t = teacher(x)`: a module the hooks did not watch
                     cname, m = called
                     rec.update(kind="module-output", module=cname, module_type=type(m).__name__,
@@ -390,30 +277,6 @@ def describe(odd: Candidate, frames: list[Any], exc: BaseException | None, recor
     return rec
 
 
-_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\(")
-
-
-def _called_module(code: str, frame: Any) -> tuple[str, Any] | None:
-    """The first name called on the right of `code` that is a module in `frame` (`self.x` too)."""
-    rhs = code.split("=", 1)[1] if "=" in code else code
-    for dotted in _CALL.findall(rhs):
-        head, *rest = dotted.split(".")
-        obj = frame.f_locals.get(head, frame.f_globals.get(head))
-        for attr in rest:
-            obj = getattr(obj, attr, None) if isinstance(obj, torch.nn.Module) else None
-        if isinstance(obj, torch.nn.Module):
-            return dotted, obj
-    return None
-
-
-def _module_frame(f: Any, frames: list[Any]) -> Any:
-    """The module-level frame of `f`'s file, when it is on the stack (a global assigned there)."""
-    for g in frames:
-        if g.f_code.co_name == "<module>" and g.f_code.co_filename == f.f_code.co_filename:
-            return g
-    return f
-
-
 def _buffer_persistent(m: Any, name: str) -> bool | None:
     try:
         return name not in m._non_persistent_buffers_set
@@ -421,21 +284,6 @@ def _buffer_persistent(m: Any, name: str) -> bool | None:
         return None
 
 
-def _source_of(fn: Any) -> str | None:
-    """file:line of a function's `def` (past its decorators)."""
-    try:
-        code = fn.__code__
-        line = code.co_firstlineno
-        for n in range(line, line + 8):
-            if linecache.getline(code.co_filename, n).lstrip().startswith(("def ", "async def ")):
-                line = n
-                break
-        return _where(code.co_filename, line)
-    except Exception:
-        return None
-
-
-# ---- the entry points ------------------------------------------------------------------
 def _tensors_on_line(frame: Any, line_no: int) -> list[Candidate]:
     text = linecache.getline(frame.f_code.co_filename, line_no)
     out: list[Candidate] = []
@@ -460,13 +308,13 @@ def origin_in_forward(mod: Any, args: Any, exc: BaseException, recorder: Any) ->
     """The odd tensor of a failure inside `mod`'s forward (called from a forward hook):
     among the tensors on the failing line when that forward is the user's own code, else
     among the module's parameters, buffers and inputs."""
-    frames = _frames(exc, live=True)
+    frames = failure_frames(exc, live=True)
     autocast = _run_autocast(recorder)
     amp = set(autocast.values())
     got = None
     line_frame = _user_frame_inside(mod, exc)
     if line_frame is not None:
-        got = pick_odd(_tensors_on_line(line_frame, _lineno(line_frame, exc)), amp)
+        got = pick_odd(_tensors_on_line(line_frame, line_of(line_frame, exc)), amp)
     if got is None:
         cands: list[Candidate] = []
         for kind, items in (("parameter", mod._parameters), ("buffer", mod._buffers)):
@@ -485,7 +333,7 @@ def origin_in_forward(mod: Any, args: Any, exc: BaseException, recorder: Any) ->
     rec["differs"], rec["against"] = what, against
     rec["autocast"] = {d: dtype_name(t) for d, t in autocast.items()}
     if line_frame is not None and odd.role == "local":
-        rec["used_at"] = _where(line_frame.f_code.co_filename, _lineno(line_frame, exc))
+        rec["used_at"] = file_line(line_frame.f_code.co_filename, line_of(line_frame, exc))
     return rec
 
 
@@ -507,12 +355,12 @@ def _user_frame_inside(mod: Any, exc: BaseException) -> Any:
 def origin_outside(exc: BaseException, recorder: Any) -> dict[str, Any] | None:
     """The odd tensor of a failure outside any module's forward (a loss, the backward):
     from the innermost frame of the user's code in the traceback."""
-    frames = _frames(exc, live=False)
+    frames = failure_frames(exc, live=False)
     user = [f for f in frames if user_file(f.f_code.co_filename)]
     if not user:
         return None
     frame = user[-1]
-    line_no = _lineno(frame, exc)
+    line_no = line_of(frame, exc)
     autocast = _run_autocast(recorder)
     amp = set(autocast.values())
     got = pick_odd(_tensors_on_line(frame, line_no), amp) or pick_odd(_frame_tensors(frame), amp)
@@ -521,6 +369,6 @@ def origin_outside(exc: BaseException, recorder: Any) -> dict[str, Any] | None:
     odd, what, against = got
     rec = describe(odd, frames, exc, recorder)
     rec["differs"], rec["against"] = what, against
-    rec["used_at"] = _where(frame.f_code.co_filename, line_no)
+    rec["used_at"] = file_line(frame.f_code.co_filename, line_no)
     rec["autocast"] = {d: dtype_name(t) for d, t in autocast.items()}
     return rec

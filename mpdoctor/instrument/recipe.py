@@ -254,6 +254,7 @@ class RecipeTracker:
         if not any(any(o is t for t in scaled if t is not None) for o in outs):
             return
         self.penalty_grads += 1
+        self._scale_read = False  # the recipe reads the scale after autograd.grad, to divide by it
         if self._penalty is None:
             entry: dict[str, Any] = {**_where(w), "scale": _scale_of(self._scaler)}
             if "penalty_unscaled" not in self.first:

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from ..engine.assemble import assemble
+from ..engine.derive.fit import fit, machine_facts
 from ..engine.judge import judge_rules
 from ..engine.rule import Rule
 from ..findings import Finding, Report
@@ -89,7 +90,11 @@ def refinement_findings(f: Finding, view: Any, rules: list[Rule]) -> list[Findin
     return [x for o in judge_rules(view, mine, env_checks()) for x in o.findings]
 
 
-def sharpen_finding(f: Finding, view_for: Any, rules: list[Rule], by_id: dict[str, Rule]) -> None:
+def sharpen_finding(f: Finding, view_for: Any, rules: list[Rule], by_id: dict[str, Rule],
+                    machine_fit: dict[str, Any] | None = None) -> None:
+    """`machine_fit`: the machine's device and transformers (fit.machine_facts): a finding
+    whose rule computed fit facts (the autocast's device, `dtype=` or `torch_dtype=`) is
+    said again with this machine's."""
     hint = mode_hint(f)
     view, env_report = view_for(hint)
     related = RELATED.get(f.category, {f.category})
@@ -128,12 +133,20 @@ def sharpen_finding(f: Finding, view_for: Any, rules: list[Rule], by_id: dict[st
             if ev.to_dict() not in seen_ev:
                 evidence.append(ev)
                 seen_ev.append(ev.to_dict())
-    if len(refinements) == len(f.refinements):
+    facts = dict(f.all_facts if f.all_facts is not None else f.facts)
+    refit: dict[str, Any] = {}
+    if machine_fit and "_ac_dev_arg" in facts:  # the rule's fixes fit a device and a transformers
+        # what the log itself shows comes first; the machine fills what it does not say
+        gaps = {k: v for k, v in machine_fit.items()
+                if not (k == "_run_device" and facts.get("_ac_device"))
+                and not (k == "_run_transformers" and facts.get("_tf_known"))}
+        refit = {k: v for k, v in fit({**facts, **gaps}).items() if facts.get(k) != v} if gaps else {}
+    if len(refinements) == len(f.refinements) and not refit:
         return
     own = by_id.get(f.rule)
     if own is None:
         return
-    facts = dict(f.all_facts if f.all_facts is not None else f.facts)
+    facts.update(refit)
     for k, v in added_facts.items():
         facts.setdefault(k, v)
     if machine:
@@ -161,6 +174,7 @@ def sharpen_with(report: Report, snap: dict[str, Any], source: str, rules: list[
             cache[hint] = (make_view(snap, hint), judge(snap, mixed_precision=hint, rules=rules, source=source))
         return cache[hint]
 
+    fitted = machine_facts(snap)
     for f in report.findings:
-        sharpen_finding(f, view_for, rules, by_id)
+        sharpen_finding(f, view_for, rules, by_id, fitted)
     report.input["snapshot"] = source

@@ -135,7 +135,13 @@ def apply_words(rule: Rule, facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _say_codes(words: dict[str, dict[str, str]], facts: dict[str, Any]) -> dict[str, Any]:
-    for key, table in words.items():
+    # a table whose words use another table's fact is said after it (in any file order)
+    def uses_other(key: str) -> bool:
+        said = str(words[key])
+        return any("{" + other in said for other in words if other != key)
+
+    for key in sorted(words, key=uses_other):
+        table = words[key]
         code = facts.get(key)
         if isinstance(code, str) and code in table:
             facts[key] = render_first(table[code], {**facts, key: None})

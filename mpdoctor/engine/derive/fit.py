@@ -139,12 +139,13 @@ def fit_case(facts: dict[str, Any], hits: list[dict[str, Any]]) -> dict[str, Any
     return fit(facts)
 
 
-def machine_case(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """The fit facts of a machine's environment snapshot (`mpdoctor check`'s, the one
-    `explain --here` collects): its device type (a CUDA GPU, else MPS, else the CPU) and
-    its transformers. For a face that re-renders a log finding for this machine
-    (diagnosis/sharpen.py): merged into the finding's facts before it is re-assembled,
-    the rules' [words] pick `torch.autocast("cpu", ...)` and `dtype=` / `torch_dtype=`."""
+def machine_facts(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What a machine's environment snapshot (`mpdoctor check`'s, the one `explain --here`
+    collects) tells the fit facts: its device type (a CUDA GPU, else MPS, else the CPU) and
+    its transformers, as the `_run_device` / `_run_transformers` a run hands over. A face
+    that re-renders a log finding for this machine (diagnosis/sharpen.py) merges them into
+    the finding's facts and computes `fit` again: the rules' [words] then pick
+    `torch.autocast("cpu", ...)` and `dtype=` / `torch_dtype=` for this machine."""
     torch_env = snapshot.get("torch") or {}
     if torch_env.get("cuda_available"):
         device = "cuda"
@@ -155,5 +156,4 @@ def machine_case(snapshot: dict[str, Any]) -> dict[str, Any]:
     else:
         device = None
     versions = (snapshot.get("packages") or {}).get("versions") or {}
-    facts = {k: v for k, v in (("_run_device", device), ("_run_transformers", versions.get("transformers"))) if v}
-    return fit(facts) if facts else {}
+    return {k: v for k, v in (("_run_device", device), ("_run_transformers", versions.get("transformers"))) if v}

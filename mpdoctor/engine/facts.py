@@ -27,6 +27,9 @@ ENGINE_FACTS: dict[str, str] = {
     "exception": "the exception type of the traceback the matched line is in",
     "user_frame": "the last frame of the traceback outside libraries, as file:line",
     "ranks": "the ranks the line was seen on",
+    "stack_frame": "the last frame outside libraries of the stack printed after a `frames_after` line, as file:line",
+    "stack_code": "the code line of that frame",
+    "_stack": "a code set for every rule with `frames_after` (its [words._stack] table picks the words, stack known or not)",
 }
 
 

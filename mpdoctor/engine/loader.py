@@ -32,7 +32,7 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
 
 _KNOWN_KEYS = {
     "id", "kind", "category", "severity", "title", "priority", "consequence",
-    "patterns", "unless", "requires", "excludes", "context", "min_count", "derive",
+    "patterns", "unless", "requires", "excludes", "context", "frames_after", "min_count", "derive",
     "check", "explanation", "fixes", "references", "versions", "doc", "example",
     "near_miss", "summary", "supersedes", "unrendered", "quiet", "words", "each", "area", "only_in_trouble", "refines", "position", "fix_position",
     "fix_when_alone",
@@ -112,7 +112,7 @@ def _examples(path: Path, rid: str, data: dict, key: str, kind: str, refines: bo
 _KW = ("id", "kind", "category", "severity", "title", "titles", "priority", "consequence", "literals",
        "min_count", "supersedes", "derive", "derive_module", "check", "quiet", "area", "only_in_trouble",
        "refines", "position", "fix_position", "fix_when_alone")
-_PATTERN_KEYS = ("patterns", "unless", "requires", "excludes", "context")
+_PATTERN_KEYS = ("patterns", "unless", "requires", "excludes", "context", "frames_after")
 
 
 def cache_form(rule: Rule) -> tuple[dict[str, Any], dict[str, list]]:
@@ -233,7 +233,7 @@ def parse_rule(path: Path, data: dict[str, Any], literals: list[str] | None = No
         if not rule.patterns:
             raise RuleError(path, rid, "'patterns' is empty")
         rule.literals = sorted(set(found)) if validated else list(literals or [])
-        for key in ("unless", "requires", "excludes", "context"):
+        for key in ("unless", "requires", "excludes", "context", "frames_after"):
             if key in data:
                 setattr(rule, key, _compile(path, rid, key, data[key], False, validated, strict)[0])
     if not rule.examples:

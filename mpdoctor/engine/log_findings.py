@@ -15,12 +15,15 @@ if TYPE_CHECKING:
 
 from ..findings import Evidence, Finding, Unrecognised, rank_findings
 from ..logtext import MAX_MATCH_CHARS, LazyRe, LogLine, Traceback
+from ..logtext.tracebacks import parse_frame
 from .assemble import assemble, supersede
 from .rule import Rule
 
 MAX_EVIDENCE = 4
 MAX_EVIDENCE_CHARS = 400
 _DIGITS = LazyRe(r"\d+")
+# how far after its header line a printed stack is read
+_STACK_LINES = 120
 # "torch.cuda.OutOfMemoryError: ..." and "OutOfMemoryError: ..." are the same message.
 _QUALIFIED = LazyRe(r"^[\"']?(?:[A-Za-z_]\w{0,60}\.){1,8}(?=[A-Z]\w{0,80}:)")
 
@@ -84,6 +87,11 @@ def _finding(rule: Rule, hits: list[Hit], whole: "_WholeLog", tracebacks: list[T
             for k, v in m.groupdict().items():
                 if v is not None:
                     facts.setdefault(k, v)
+    stack_lines: list[LogLine] = []
+    for rx in rule.frames_after:
+        said, at = whole.stack_after(rx)
+        facts.update({k: v for k, v in said.items() if k not in facts})
+        stack_lines += [at] if at is not None else []
     tb = None
     tb_index = None
     for h in hits:
@@ -122,7 +130,7 @@ def _finding(rule: Rule, hits: list[Hit], whole: "_WholeLog", tracebacks: list[T
         for k, v in run_deriver(rule.derive, facts, [h.facts for h in hits], rule.derive_module).items():
             facts.setdefault(k, v)
     ranks = sorted({h.line.rank for h in hits if h.line.rank is not None})
-    evidence = [Evidence(_clip(ln.raw or ln.text), ln.no) for ln in evidence_lines]
+    evidence = [Evidence(_clip(ln.raw or ln.text), ln.no) for ln in evidence_lines + stack_lines]
     if tb is not None and tb.user_frame is not None and not any(e.line == tb.user_frame.no for e in evidence):
         evidence.append(Evidence(_clip(f"user code: {tb.user_frame.location}"
                                        + (f" in {tb.user_frame.func}" if tb.user_frame.func else "")),
@@ -143,6 +151,7 @@ class _WholeLog:
     def __init__(self, lines: list[LogLine]):
         self.lines = lines
         self._joined: tuple[str, list[int]] | None = None
+        self._last_index = 0  # the line of the last match search() returned
 
     def _text(self) -> tuple[str, list[int]]:
         if self._joined is None:
@@ -170,6 +179,31 @@ class _WholeLog:
                 return m
             at = starts[i] + len(self.lines[i].text) + 1
 
+    def stack_after(self, rx: Any) -> tuple[dict[str, str], LogLine | None]:
+        """`stack_frame` / `stack_code`: the last frame outside libraries of the frames
+        printed right after the first line `rx` matches (and that frame's code line), and
+        the log line of that frame (evidence)."""
+        found: dict[str, str] = {"_stack": "s"}  # a code: a [words._stack] table says known or not
+        at: LogLine | None = None
+        if self.search(rx) is None:
+            return found, at
+        i = self._last_index
+        user = False  # the frame just read is the user's
+        for j in range(i + 1, min(i + 1 + _STACK_LINES, len(self.lines))):
+            text = self.lines[j].text
+            fr = parse_frame(text.strip(), self.lines[j].no)
+            if fr is not None:
+                user = fr.is_user_code
+                if user:
+                    found, at = {"_stack": "s", "stack_frame": fr.location}, self.lines[j]
+            elif text[:1] in (" ", "\t") and text.strip():
+                if user and "stack_code" not in found:
+                    found["stack_code"] = text.strip()[:200]
+                user = False
+            elif text.strip():
+                break  # the stack ended
+        return found, at
+
     def _each_line(self, rx: Any, indices: Any) -> re.Match[str] | None:
         may = rx.may_match if getattr(rx, "runs", None) else None
         for i in indices:
@@ -178,12 +212,14 @@ class _WholeLog:
                 for start in range(0, min(len(text), 64 * MAX_MATCH_CHARS), MAX_MATCH_CHARS // 2):
                     m = rx.search(text[start:start + MAX_MATCH_CHARS])
                     if m:
+                        self._last_index = i
                         return m
                 continue
             if may is not None and not may(text):
                 continue
             m = rx.search(text)
             if m:
+                self._last_index = i
                 return m
         return None
 

@@ -141,7 +141,7 @@ class Example:
 
 _RULE_FIELDS = (
     "id", "kind", "category", "severity", "title", "titles", "path", "summary", "priority", "consequence", "patterns",
-    "unless", "requires", "excludes", "context", "literals", "min_count", "supersedes", "derive", "derive_module",
+    "unless", "requires", "excludes", "context", "frames_after", "literals", "min_count", "supersedes", "derive", "derive_module",
     "check", "explanation", "fixes", "references", "versions", "doc", "examples", "near_misses", "unrendered",
     "quiet", "words", "each", "area", "only_in_trouble", "refines", "position", "fix_position", "fix_when_alone",
 )
@@ -156,7 +156,8 @@ class Rule:
                  summary: str = "", priority: int = 50, consequence: bool = False,
                  patterns: list[LazyPattern] | None = None, unless: list[LazyPattern] | None = None,
                  requires: list[LazyPattern] | None = None, excludes: list[LazyPattern] | None = None,
-                 context: list[LazyPattern] | None = None, literals: list[str] | None = None, min_count: int = 1,
+                 context: list[LazyPattern] | None = None, frames_after: list[LazyPattern] | None = None,
+                 literals: list[str] | None = None, min_count: int = 1,
                  supersedes: list[str] | None = None, derive: str | None = None, derive_module: str | None = None,
                  check: str | None = None, explanation: list[str] | None = None, fixes: list[str] | None = None,
                  references: list[str] | None = None, versions: str = "", doc: dict[str, str] | None = None,
@@ -198,6 +199,9 @@ class Rule:
         self.requires = requires or []
         self.excludes = excludes or []
         self.context = context or []
+        # a stack a library printed after a line of its own (anomaly mode's "Traceback of
+        # forward call that caused the error:"): its last user frame is `stack_frame`
+        self.frames_after = frames_after or []
         self.literals = literals or []
         self.min_count = min_count
         self.supersedes = supersedes or []

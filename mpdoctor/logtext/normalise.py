@@ -203,6 +203,8 @@ def unquote(text: str) -> str:
     first = text.lstrip("\n")[:1]
     if not first or first not in _QUOTE_MARKS:
         return text
+    if first == "[" and not _QUOTE.match(text.lstrip("\n")[:40]):
+        return text  # "[rank0]:", "[2024-...": a prefix the line cleaner reads, not a gutter
     if _BOXED.search(text[:4096]):
         return text
     head = [ln for ln in text[:4096].split("\n")[:60] if ln.strip()]
@@ -344,8 +346,11 @@ def normalise(text: str, first_line_no: int = 1) -> list[LogLine]:
     for physical_line in text.split("\n"):
         no += 1
         for overwritten in split_overwrites(physical_line):
-            for physical in split_after_progress(overwritten):
-                add(physical, no)
+            if "it/s]" in overwritten or "s/it]" in overwritten:  # a tqdm bar: something may be glued after it
+                for physical in split_after_progress(overwritten):
+                    add(physical, no)
+            else:
+                add(overwritten, no)
     for st in streams.values():
         flush_box(st)
         flush_message(st)

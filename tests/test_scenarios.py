@@ -143,7 +143,7 @@ def test_only_trained_modules_make_the_plan_and_mpdoctor_is_never_user_code(tmp_
     p, data = run(tmp_path, *script("frozen_teacher_distill.py"))
     f = top(data)
     assert (f["category"], f["facts"]["module"]) == ("dtype-mismatch", "fuse")
-    assert "module.float()" in f["fixes"][0]  # the float64 teacher is the source
+    assert "`teacher.float()`" in f["fixes"][0]  # the float64 teacher is the source, by its name
     plan = data["precision_plan"]
     assert plan["params"]["trainable"] == {"float32": 4804}  # the student, not the frozen teacher
     assert plan["autocast_dtype"] == "bfloat16"              # the student's first matmul

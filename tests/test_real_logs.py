@@ -72,10 +72,6 @@ BLIND3_MISSES = {  # what the scorer printed (the pastes themselves were not rea
 BLIND4_MISSES = {
     "autocast-cuda-warning-kubin-win.log":
         "said fp16-unsupported-device (autocast-disabled-no-cuda, warning): the same autocast warning is that rule's",
-    "xformers-cpu-torch-pia.log":
-        "said version-incompatible (xformers-built-for-other-torch): real/ labels the same +cpu form that way",
-    "nocuda-xformers-info-torch-cpu.log":
-        "said version-incompatible (xformers-built-for-other-torch): real/ labels the same +cpu form that way",
     "nan-gradnorm-glm4-finetune.log":
         "silent: one grad_norm nan as the last line; grad-norm-nan-repeated needs min_count 3 (survived.py covers 1)",
 }

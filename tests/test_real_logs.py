@@ -21,7 +21,7 @@ from mpdoctor.findings import CATEGORIES
 from mpdoctor.logs import explain_path
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
-SETS = ("real", "blind1", "blind2", "blind3", "blind4")
+SETS = ("real", "blind1", "blind2", "blind3", "blind4", "blind5")
 MANIFESTS = {name: tomllib.loads((LOGS / name / "MANIFEST.toml").read_text(encoding="utf-8"))["log"] for name in SETS}
 ROOT = LOGS / "real"
 MANIFEST = MANIFESTS["real"]
@@ -75,7 +75,25 @@ BLIND4_MISSES = {
     "nan-gradnorm-glm4-finetune.log":
         "silent: one grad_norm nan as the last line; grad-norm-nan-repeated needs min_count 3 (survived.py covers 1)",
 }
-MISSES = {"blind3": BLIND3_MISSES, "blind4": BLIND4_MISSES}
+# blind5 (issue 21's held-out set, 126 pastes) was scored untouched at c12cec5 (86/103, 3/23) and at
+# the session's end (92/103, 3/23) and never tuned on: its misses are what the scorer printed.
+BLIND5_MISSES = {
+    "p09-anima-trainer.log": "silent",
+    "p11-fastchat.log": "a look-alike given an error finding: non-finite-values (logged-loss-nan)",
+    "p42-diffuseq.log": "silent",
+    "p56-pegasus-fp16.log": "silent",
+    "p57-espnet-amp.log": "a look-alike given an error finding: fp16-gradient-unscale (scaler-call-order)",
+    "p64-funmusic.log": "silent",
+    "p67-lightning-ds-test.log": "said dtype-mismatch (operands-must-share-dtype, warning)",
+    "p12-llamafactory-ascend.log": "silent",
+    "p13-pytorch-gloo.log": "silent",
+    "p14-dmlcloud.log": "silent",
+    "p20-transformers-example.log": "silent",
+    "p40-libnvidia-container.log": "silent",
+    "p58-fate-llm.log": "silent",
+    "p60-lvsm.log": "a look-alike given an error finding: fp16-gradient-unscale (scaler-call-order)",
+}
+MISSES = {"blind3": BLIND3_MISSES, "blind4": BLIND4_MISSES, "blind5": BLIND5_MISSES}
 
 
 def _param(entry, name="real"):

@@ -20,6 +20,15 @@ def _recipes(v: RunView) -> list[tuple[Process, dict[str, Any]]]:
     return [(p, p.watch["recipe"]) for p in v.watched if p.watch.get("recipe")]
 
 
+def _scaled_recipes(v: RunView) -> "list[tuple[Process, dict[str, Any]]] | Skip":
+    """The processes' recipe records, or a Skip where no loss scaler scaled a loss (every
+    scaler rule's question needs one)."""
+    found = _recipes(v)
+    if not found or not any(r.get("scaled") for _, r in found):
+        return Skip("no loss scaler scaled a loss in this run")
+    return found
+
+
 def _with_rank(v: RunView, p: Process, facts: dict[str, Any]) -> dict[str, Any]:
     if v.multi_rank and p.rank is not None:
         facts["rank"] = p.rank
@@ -29,9 +38,9 @@ def _with_rank(v: RunView, p: Process, facts: dict[str, Any]) -> dict[str, Any]:
 @check(facts=("step", "micro", "scale", "norm_seen", "true_norm", "max_norm", "clips_scaled", "clips", "rank"))
 def clip_before_unscale(v: RunView) -> Result:
     """clip_grad_norm_ called on gradients still multiplied by an enabled scaler's scale."""
-    found = _recipes(v)
-    if not found or not any(r.get("scaled") for _, r in found):
-        return Skip("no loss scaler scaled a loss in this run")
+    found = _scaled_recipes(v)
+    if isinstance(found, Skip):
+        return found
     for p, r in found:
         first = (r.get("first") or {}).get("clip_scaled")
         if not r.get("clips_scaled") or not first:
@@ -63,9 +72,9 @@ def _counts(r: dict[str, Any]) -> str:
 def optimizer_bypasses_scaler(v: RunView) -> Result:
     """optimizer.step() called directly (not through scaler.step) on gradients of a scaled
     loss that were never unscaled."""
-    found = _recipes(v)
-    if not found or not any(r.get("scaled") for _, r in found):
-        return Skip("no loss scaler scaled a loss in this run")
+    found = _scaled_recipes(v)
+    if isinstance(found, Skip):
+        return found
     for p, r in found:
         first = _first(r, "step_bypassing")
         if not r.get("steps_bypassing") or not first:
@@ -84,9 +93,9 @@ def optimizer_bypasses_scaler(v: RunView) -> Result:
 def update_between_steps(v: RunView) -> Result:
     """scaler.update() called again with no backward() since the last update: between two
     optimizers' scaler.step() of one iteration."""
-    found = _recipes(v)
-    if not found or not any(r.get("scaled") for _, r in found):
-        return Skip("no loss scaler scaled a loss in this run")
+    found = _scaled_recipes(v)
+    if isinstance(found, Skip):
+        return found
     for p, r in found:
         first = _first(r, "update_twice")
         if not r.get("updates_without_backward") or not first:
@@ -105,9 +114,9 @@ def update_between_steps(v: RunView) -> Result:
 def penalty_not_unscaled(v: RunView) -> Result:
     """torch.autograd.grad(scaler.scale(loss), ..., create_graph=True) in an iteration that
     never read scaler.get_scale() to divide the gradients by it."""
-    found = _recipes(v)
-    if not found or not any(r.get("scaled") for _, r in found):
-        return Skip("no loss scaler scaled a loss in this run")
+    found = _scaled_recipes(v)
+    if isinstance(found, Skip):
+        return found
     for p, r in found:
         first = _first(r, "penalty_unscaled")
         if not r.get("penalty_unscaled") or not first:
@@ -126,9 +135,9 @@ def penalty_not_unscaled(v: RunView) -> Result:
 def checkpoint_without_scaler(v: RunView) -> Result:
     """torch.save of an optimizer's state (a resumable checkpoint) in a run whose enabled
     scaler's state was never saved."""
-    found = _recipes(v)
-    if not found or not any(r.get("scaled") for _, r in found):
-        return Skip("no loss scaler scaled a loss in this run")
+    found = _scaled_recipes(v)
+    if isinstance(found, Skip):
+        return found
     for p, r in found:
         first = _first(r, "checkpoint")
         if not r.get("saves_with_optimizer") or r.get("saves_with_scaler") or not first:

@@ -262,3 +262,11 @@ def test_a_nodes_ranks_come_from_its_launchers_processes_per_node():
     block = node_block(evidence, {"autocast_enabled": True, "autocast_dtype": "bfloat16"})
     assert block["ranks"] == [4, 5, 6, 7] and block["local_world_size"] == 4
     assert block["env"] == {"torch": "2.13.0", "mixed_precision": "bfloat16"}
+
+
+def test_rules_list_takes_the_job_kind(capsys):
+    """`mpdoctor rules list --kind job` lists the job rules (argparse refused the kind)."""
+    assert cli.main(["rules", "list", "--kind", "job", "--format", "oneline"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.split()[1] == "job" for line in lines)
+    assert any(line.startswith("collective-mismatch ") for line in lines)

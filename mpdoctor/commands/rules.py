@@ -6,7 +6,7 @@ import sys
 from argparse import Namespace
 from typing import Any
 
-from ..engine.rule import Rule, RuleError
+from ..engine.rule import RULE_KINDS, Rule, RuleError
 from . import EXIT_ERROR_FINDING, EXIT_OK, env_help, fail, load_rules_or_fail
 
 DESCRIPTION = ("The knowledge mpdoctor uses, as data under rules/: log rules (read log\n"
@@ -28,7 +28,7 @@ def add_arguments(p: Any) -> None:
     rl = rsub.add_parser("list", help="one line per rule", description="The rules, grouped by kind and category.")
     add_output_options(rl, report_options=False)
     rl.add_argument("--category", help="only this category")
-    rl.add_argument("--kind", choices=("log", "env", "run", "probe"), help="only rules of this kind")
+    rl.add_argument("--kind", choices=RULE_KINDS, help="only rules of this kind")
     rs = rsub.add_parser("show", help="a rule's documentation",
                          description="A rule's page: what it detects, why, an example, the fix.")
     rs.add_argument("rule_id", metavar="ID")

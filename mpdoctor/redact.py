@@ -216,7 +216,8 @@ _HARMLESS_VALUES = frozenset({"none", "null", "true", "false", "", "0", "1", "ye
 
 def _keep_value(value: str) -> bool:
     v = value.strip().lower()
-    return v in _HARMLESS_VALUES or v.startswith("<redacted") or v.startswith("$") or v.startswith("${")
+    # `<redacted>`, and a paste's own placeholder (`TOKEN=<secret>`, `<your_token>`): no token starts with "<"
+    return v in _HARMLESS_VALUES or v.startswith("<") or v.startswith("$") or v.startswith("${")
 
 
 _IDENTIFIER_PATH = _Lazy(r"[A-Za-z_][A-Za-z0-9_]{0,80}(?:\.[A-Za-z_][A-Za-z0-9_]{0,80}){0,8}")

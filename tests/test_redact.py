@@ -526,3 +526,12 @@ def test_the_new_shapes_stay_linear_on_long_hostile_lines():
         t0 = time.perf_counter()
         redact_text(unit * (20000 // len(unit)))
         assert time.perf_counter() - t0 < 1.0, unit
+
+
+def test_a_pastes_own_placeholder_is_not_a_secret():
+    """`--env "HUGGING_FACE_HUB_TOKEN=<secret>"` (a real paste, blind set 4) stays as pasted;
+    it became `<redacted>>`. A real value next to it is still cut."""
+    line = 'docker run --env "HUGGING_FACE_HUB_TOKEN=<secret>" -p 5000:5000 vllm/vllm-openai'
+    assert redact_text(line) == line
+    assert redact_text("HF_TOKEN=<your_token_here>") == "HF_TOKEN=<your_token_here>"
+    assert "hf_abcdefghijklmnopqrstuvwxyz0123" not in redact_text("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123")

@@ -259,10 +259,10 @@ def intent_sources(acc: Any) -> list[dict[str, Any]]:
 
 def _env_is_intent() -> bool:
     """Whether ACCELERATE_MIXED_PRECISION can be what this process asked for, with no
-    Accelerator seen (one whose __init__ raised): only where accelerate's Accelerator is
-    loaded, and Lightning, which never reads the variable, is not training."""
-    if "accelerate.accelerator" not in sys.modules:
-        return False
+    Accelerator seen (one whose __init__ raised, or a plain torch loop under `accelerate
+    launch --mixed_precision bf16`: the launcher's intent that nothing applied): not where
+    Lightning, which never reads the variable, is training. (Whether accelerate happens to
+    be imported is no test: a plain loop never imports it, and that is the case to tell.)"""
     return not any(m in sys.modules for m in ("lightning.pytorch", "pytorch_lightning"))
 
 

@@ -46,11 +46,15 @@ class PlanTracker:
         self._matmuls: list[tuple[Any, str, str, bool, str]] = []
         self._sample: list[tuple[Tensor, Tensor]] | None = None
         self._sampled = False
+        # a LightningModule is watched: Lightning trains it, and never reads ACCELERATE_MIXED_PRECISION
+        self._lightning = False
 
     # ---- what is trained -------------------------------------------------------------
     def count_root(self, root: Any) -> None:
         """Count the outermost module's parameters: only a fallback, until an optimizer
         steps or accelerate prepares a model (see _trained_params)."""
+        if _lightning_trains(root):
+            self._lightning = True
         if not self._prepared and not self._optimizers:
             self._set_param_counts(list(root.parameters()))
 
@@ -224,7 +228,10 @@ class PlanTracker:
                     self.on_scaler_seen(scaler)
             except Exception as exc:
                 fail(exc)
-        if self.plan.requested is None and os.environ.get("ACCELERATE_MIXED_PRECISION") and _env_is_intent():
+        # no Accelerator seen (one whose __init__ raised, or a plain loop under `accelerate
+        # launch --mixed_precision bf16`): the launcher's variable is what was asked for,
+        # except under Lightning, which never reads it
+        if self.plan.requested is None and os.environ.get("ACCELERATE_MIXED_PRECISION") and not self._lightning:
             self.plan.requested = os.environ["ACCELERATE_MIXED_PRECISION"]
         if self.plan.num_processes is None and os.environ.get("WORLD_SIZE"):
             self.plan.num_processes = int(os.environ["WORLD_SIZE"])
@@ -257,13 +264,20 @@ def intent_sources(acc: Any) -> list[dict[str, Any]]:
     return sources
 
 
-def _env_is_intent() -> bool:
-    """Whether ACCELERATE_MIXED_PRECISION can be what this process asked for, with no
-    Accelerator seen (one whose __init__ raised, or a plain torch loop under `accelerate
-    launch --mixed_precision bf16`: the launcher's intent that nothing applied): not where
-    Lightning, which never reads the variable, is training. (Whether accelerate happens to
-    be imported is no test: a plain loop never imports it, and that is the case to tell.)"""
-    return not any(m in sys.modules for m in ("lightning.pytorch", "pytorch_lightning"))
+def _lightning_trains(root: Any) -> bool:
+    """Lightning drives this forward (a LightningModule, or Lightning's loop on the stack of
+    the first forward: its training_step calls an inner module). Looked at once a run."""
+    if any(c.__name__ == "LightningModule" for c in type(root).__mro__):
+        return True
+    f = sys._getframe(1)
+    for _ in range(80):
+        if f is None:
+            return False
+        name = f.f_code.co_filename.replace("\\", "/")
+        if "/lightning/" in name or "/pytorch_lightning/" in name:
+            return True
+        f = f.f_back
+    return False
 
 
 def _parent_argv() -> list[str]:
